@@ -1,0 +1,47 @@
+# tailspec — `make run` trains the default config, `make test` runs the test suite.
+# Both create .venv first when it is missing or older than requirements.txt / pyproject.toml.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.tailspec-stamp
+CONFIG ?= configs/gsm8k_tiny.yaml
+PYTEST_ARGS ?=
+
+.PHONY: setup run test test-all lint format bench protos base-model peers clean
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -r requirements.txt
+	$(BIN)/pip install -q --no-deps -e .
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/tailspec train --config $(CONFIG)
+
+# Fast suite (slow-marked tests excluded); `make test-all` includes them.
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check services tests benchmarks
+	$(BIN)/ruff format --check services tests benchmarks
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix services tests benchmarks
+	$(BIN)/ruff format services tests benchmarks
+
+base-model: $(STAMP)
+	$(BIN)/tailspec base-model --out services/pipeline/assets/base_policy --evaluate
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run_all
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

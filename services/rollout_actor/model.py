@@ -1,0 +1,418 @@
+"""A compact decoder for the Llama / Qwen2 / Qwen3 family, with a slot KV cache for speculative decoding.
+
+One file, no magic: RMSNorm, rotary embeddings with the checkpoint's theta, grouped-query attention,
+SwiGLU MLP, tied or untied embeddings, Qwen2's qkv bias, Qwen3's per-head q/k RMSNorm. Module and parameter
+names match Hugging Face's, so ``model.safetensors`` loads and saves unchanged (``from_pretrained`` /
+``save_pretrained`` work on local folders holding config.json, model.safetensors, tokenizer.json).
+
+The KV cache is a set of *slots* (one per running sequence) with per-slot committed lengths:
+``k, v: [layers, slots, kv_heads, max_len, head_dim]`` and ``lengths: [slots]``. A forward with a cache
+writes the new tokens' keys/values at cache positions ``lengths[slot] + t`` (t < T) and does not move
+``lengths``: the caller commits what it keeps (``KVCache.commit``), so rolling back rejected draft tokens
+costs nothing, and a token tree is compacted to its accepted path with ``KVCache.keep_path``.
+
+Attention of new token i of row b may see every committed position of its slot plus the new tokens t with
+``attn_mask[b, i, t]`` (default: causal). Rotary positions are passed explicitly (``positions``), so a
+tree's nodes take ``length + depth`` while sitting at consecutive cache positions.
+
+Check against transformers: ``tests/rollout_actor/test_model.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM", "Qwen3ForCausalLM")
+
+
+class ModelLoadError(ValueError):
+    """A model folder is missing, incomplete or holds an unsupported checkpoint."""
+
+
+@dataclass
+class ModelConfig:
+    """The fields of a Hugging Face config.json this decoder uses."""
+
+    architecture: str = "Qwen2ForCausalLM"
+    vocab_size: int = 2048
+    hidden_size: int = 256
+    intermediate_size: int = 768
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 64
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = True
+    attention_bias: bool = True  # q/k/v bias: always on for Qwen2, from config for Llama/Qwen3
+    qk_norm: bool = False  # Qwen3
+    mlp_bias: bool = False
+    max_position_embeddings: int = 2048
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
+    extra: dict = field(default_factory=dict)  # other config.json keys, written back unchanged
+
+    @staticmethod
+    def from_hf_dict(d: dict, source: str = "config.json") -> ModelConfig:
+        archs = d.get("architectures") or []
+        arch = archs[0] if archs else {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
+                                      "qwen3": "Qwen3ForCausalLM"}.get(d.get("model_type", ""), "")
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ModelLoadError(f"{source}: architecture {arch or d.get('model_type')!r} is not supported "
+                                 f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+            if key not in d:
+                raise ModelLoadError(f"{source}: missing key {key!r}")
+        rope = d.get("rope_parameters") or {}
+        scaling = d.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
+        if rope_type not in ("default", None):
+            raise ModelLoadError(f"{source}: rope_type {rope_type!r} is not supported (only 'default')")
+        heads = d["num_attention_heads"]
+        known = {"architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size",
+                 "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
+                 "rope_theta", "rope_parameters", "tie_word_embeddings", "attention_bias", "mlp_bias",
+                 "max_position_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"}
+        return ModelConfig(
+            architecture=arch,
+            vocab_size=d["vocab_size"],
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_hidden_layers=d["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=d.get("num_key_value_heads") or heads,
+            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope.get("rope_theta", d.get("rope_theta", 10000.0))),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            attention_bias=True if arch == "Qwen2ForCausalLM" else bool(d.get("attention_bias", False)),
+            qk_norm=arch == "Qwen3ForCausalLM",
+            mlp_bias=bool(d.get("mlp_bias", False)),
+            max_position_embeddings=d.get("max_position_embeddings", 2048),
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_id=d.get("eos_token_id"),
+            pad_token_id=d.get("pad_token_id"),
+            extra={k: v for k, v in d.items() if k not in known},
+        )
+
+    def to_hf_dict(self) -> dict:
+        model_type = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}
+        d = dict(self.extra)
+        d.update(
+            architectures=[self.architecture], model_type=model_type[self.architecture],
+            vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_hidden_layers, num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps,
+            rope_parameters={"rope_theta": self.rope_theta, "rope_type": "default"}, rope_theta=self.rope_theta,
+            tie_word_embeddings=self.tie_word_embeddings, max_position_embeddings=self.max_position_embeddings,
+            bos_token_id=self.bos_token_id, eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id,
+            hidden_act="silu", torch_dtype="float32",
+        )
+        if self.architecture != "Qwen2ForCausalLM":
+            d.update(attention_bias=self.attention_bias, mlp_bias=self.mlp_bias)
+        return d
+
+    def eos_ids(self) -> list[int]:
+        e = self.eos_token_id
+        return [] if e is None else ([e] if isinstance(e, int) else list(e))
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class KVCache:
+    """Slot KV cache.
+
+    k, v:    ``[layers, slots, kv_heads, max_len, head_dim]``
+    lengths: ``[slots]`` long, committed tokens per slot.
+    """
+
+    def __init__(self, cfg: ModelConfig, num_slots: int, max_len: int, dtype=torch.float32, device="cpu"):
+        shape = (cfg.num_hidden_layers, num_slots, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.lengths = torch.zeros(num_slots, dtype=torch.long, device=device)
+        self.max_len = max_len
+        self.num_slots = num_slots
+
+    def reset(self, slots: torch.Tensor | Sequence[int]) -> None:
+        self.lengths[torch.as_tensor(slots, dtype=torch.long)] = 0
+
+    def commit(self, slots: torch.Tensor, n: torch.Tensor) -> None:
+        """Keep the first ``n[b]`` of the tokens last written to ``slots[b]`` (the rest are rolled back)."""
+        self.lengths[slots] += n
+
+    def rollback(self, slots: torch.Tensor, n: torch.Tensor) -> None:
+        """Drop the last ``n[b]`` committed tokens of ``slots[b]`` (O(1): only the lengths move)."""
+        self.lengths[slots] -= n
+
+    def keep_path(self, slot: int, src_offsets: Sequence[int]) -> None:
+        """Compact a tree: move new-token cache entries at ``lengths[slot] + src_offsets[j]`` to
+        ``lengths[slot] + j`` and commit ``len(src_offsets)`` tokens. ``src_offsets`` must be increasing."""
+        base = int(self.lengths[slot])
+        src = torch.as_tensor(src_offsets, dtype=torch.long) + base
+        n = len(src_offsets)
+        if n and not bool((src == torch.arange(base, base + n)).all()):
+            self.k[:, slot, :, base : base + n] = self.k[:, slot, :, src]
+            self.v[:, slot, :, base : base + n] = self.v[:, slot, :, src]
+        self.lengths[slot] += n
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin ``[B, T, head_dim]`` for integer ``positions [B, T]`` (HF's rotate-half convention)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+    freqs = positions.float().unsqueeze(-1) * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [B, heads, T, D]; cos/sin: [B, 1, T, D]
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rot * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        h, d, kv = cfg.num_attention_heads, cfg.head_dim, cfg.num_key_value_heads
+        self.n_heads, self.n_kv, self.head_dim = h, kv, d
+        self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv * d, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv * d, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False if cfg.architecture == "Qwen2ForCausalLM"
+                                else cfg.attention_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
+
+    def forward(self, x, cos, sin, mask, cache: KVCache | None, layer: int, slots, write_pos):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        if cache is not None:
+            # write new K/V at [slot, :, lengths[slot] + t], then read the slot's prefix up to the longest row.
+            cache.k[layer][slots.unsqueeze(1), :, write_pos] = k.transpose(1, 2).to(cache.k.dtype)
+            cache.v[layer][slots.unsqueeze(1), :, write_pos] = v.transpose(1, 2).to(cache.v.dtype)
+            kmax = mask.shape[-1]
+            k = cache.k[layer][slots, :, :kmax].to(q.dtype)
+            v = cache.v[layer][slots, :, :kmax].to(q.dtype)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                             enable_gqa=self.n_kv != self.n_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, cache, layer, slots, write_pos):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer, slots, write_pos)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class _Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+@dataclass
+class ForwardOutput:
+    """logits: ``[B, T, V]`` (or ``[B, 1, V]`` with ``last_only``); hidden: layer index -> ``[B, T, H]``."""
+
+    logits: torch.Tensor
+    hidden: dict[int, torch.Tensor]
+
+
+class Transformer(nn.Module):
+    """Decoder-only causal LM (Qwen2 / Llama / Qwen3)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = _Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        slots: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+        hidden_layers: Sequence[int] = (),
+        last_only: bool = False,
+    ) -> ForwardOutput:
+        """Run the decoder.
+
+        Args:
+            input_ids: ``[B, T]`` token ids.
+            positions: ``[B, T]`` rotary positions; default ``lengths[slot] + arange(T)`` with a cache, else
+                ``arange(T)``.
+            cache: slot KV cache; new K/V are written at ``lengths[slots[b]] + t`` (lengths unchanged).
+            slots: ``[B]`` long, the cache slot of each row (required with ``cache``).
+            attn_mask: ``[B, T, T]`` bool, which new tokens each new token attends to (default causal). With a
+                cache, committed positions are always visible. Padding rows must attend to at least themselves.
+            hidden_layers: layer indices whose output hidden states to return; index ``num_hidden_layers``
+                means the final normed hidden state (what the LM head reads).
+            last_only: compute logits for the last position only.
+
+        Returns:
+            ``ForwardOutput``. Raises ``ValueError`` when the cache would overflow.
+        """
+        b, t = input_ids.shape
+        cfg = self.config
+        write_pos = mask = None
+        if cache is not None:
+            if slots is None:
+                raise ValueError("slots is required with a cache")
+            base = cache.lengths[slots]  # [B]
+            if int(base.max()) + t > cache.max_len:
+                raise ValueError(f"KV cache overflow: {int(base.max())} + {t} > max_len {cache.max_len}")
+            write_pos = base.unsqueeze(1) + torch.arange(t, device=input_ids.device)  # [B, T]
+            if positions is None:
+                positions = write_pos
+            kmax = int(base.max()) + t
+            key_idx = torch.arange(kmax, device=input_ids.device)
+            committed = key_idx.view(1, 1, kmax) < base.view(b, 1, 1)  # [B, 1, K]
+            new = attn_mask if attn_mask is not None else torch.ones(t, t, dtype=torch.bool).tril().expand(b, t, t)
+            # scatter the [B, T, T] new-token mask into key positions base..base+T-1
+            rel = key_idx.view(1, 1, kmax) - base.view(b, 1, 1)  # [B, 1, K]
+            in_new = (rel >= 0) & (rel < t)
+            gathered = new.gather(2, rel.clamp(0, t - 1).expand(b, t, kmax))
+            mask = (committed | (in_new & gathered)).unsqueeze(1)  # [B, 1, T, K]
+        else:
+            if positions is None:
+                positions = torch.arange(t, device=input_ids.device).expand(b, t)
+            if attn_mask is not None:
+                mask = attn_mask.unsqueeze(1)
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        x = self.model.embed_tokens(input_ids)
+        hidden: dict[int, torch.Tensor] = {}
+        want = set(hidden_layers)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, mask, cache, i, slots, write_pos)
+            if i in want:
+                hidden[i] = x
+        x = self.model.norm(x)
+        if cfg.num_hidden_layers in want:
+            hidden[cfg.num_hidden_layers] = x
+        if last_only:
+            x = x[:, -1:]
+        return ForwardOutput(self.lm_head(x), hidden)
+
+    def new_cache(self, num_slots: int, max_len: int, dtype=None) -> KVCache:
+        p = next(self.parameters())
+        return KVCache(self.config, num_slots, max_len, dtype or p.dtype, p.device)
+
+    # ------------------------------------------------------------------ I/O
+    @staticmethod
+    def from_pretrained(path: str | os.PathLike, dtype=torch.float32) -> Transformer:
+        """Load a Hugging Face folder (config.json + model.safetensors). Raises ``ModelLoadError``."""
+        path = os.fspath(path)
+        cfg_path = os.path.join(path, "config.json")
+        if not os.path.isdir(path):
+            raise ModelLoadError(f"model directory {path!r} does not exist")
+        if not os.path.isfile(cfg_path):
+            raise ModelLoadError(f"model directory {path!r} has no config.json")
+        try:
+            with open(cfg_path) as f:
+                cfg = ModelConfig.from_hf_dict(json.load(f), cfg_path)
+        except json.JSONDecodeError as e:
+            raise ModelLoadError(f"{cfg_path}: invalid JSON ({e})") from None
+        weights = os.path.join(path, "model.safetensors")
+        if not os.path.isfile(weights):
+            raise ModelLoadError(f"model directory {path!r} has no model.safetensors")
+        model = Transformer(cfg)
+        state = load_file(weights)
+        if cfg.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
+        if missing or unexpected:
+            raise ModelLoadError(f"{weights}: missing {missing[:5]} unexpected {unexpected[:5]}")
+        return model.to(dtype).eval()
+
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """Write config.json and model.safetensors (tied weights stored once) to ``path``."""
+        os.makedirs(path, exist_ok=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        if self.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        tmp = os.path.join(path, "model.safetensors.tmp")
+        save_file(state, tmp, metadata={"format": "pt"})
+        os.replace(tmp, os.path.join(path, "model.safetensors"))
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(self.config.to_hf_dict(), f, indent=2)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
+
+
+def init_weights(model: Transformer, seed: int = 0, std: float = 0.02) -> Transformer:
+    """Normal(0, std) init of linear/embedding weights (biases zero, norms one), seeded."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+    return model
+
+
+__all__ = ["ModelConfig", "KVCache", "Transformer", "ForwardOutput", "ModelLoadError", "init_weights",
+           "rope_cos_sin"]

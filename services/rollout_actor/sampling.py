@@ -1,0 +1,104 @@
+"""Sampling: the processed target distribution and reproducible per-request draws.
+
+Contract
+--------
+* ``processed_probs(logits, temperature, top_k, top_p)`` turns raw logits into the exact distribution
+  plain sampling draws from: ``softmax(logits / T)`` restricted to the top-k tokens and then to the
+  smallest prefix (by descending probability) whose mass reaches top-p, renormalized. Speculative
+  verification (``speculative/verify.py``) uses the *same* function, which is what makes it lossless.
+  ``temperature == 0`` means greedy: a one-hot distribution on the argmax (ties: lowest id).
+* ``sample_from_probs(probs, u)`` draws by inverse CDF from uniforms ``u`` in [0, 1). Each request owns a
+  ``torch.Generator`` seeded from its own seed, and the engine draws that request's uniforms from it, so
+  a request's tokens depend only on its seed and prompt, never on which other requests share the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def processed_probs(
+    logits: torch.Tensor,
+    temperature: torch.Tensor | float,
+    top_k: torch.Tensor | int = 0,
+    top_p: torch.Tensor | float = 1.0,
+) -> torch.Tensor:
+    """Processed sampling distribution.
+
+    Args:
+        logits: ``[..., V]`` raw logits (any float dtype; computed in fp32).
+        temperature: scalar or ``[...]`` (broadcast over the leading dims); 0 means greedy.
+        top_k: scalar or ``[...]``; 0 (or >= V) disables it.
+        top_p: scalar or ``[...]`` in (0, 1]; 1 disables it.
+
+    Returns:
+        ``[..., V]`` fp32 probabilities summing to 1 along the last dim.
+    """
+    x = logits.float()
+    lead = x.shape[:-1]
+    vocab = x.shape[-1]
+
+    def _bcast(v, dtype):
+        t = torch.as_tensor(v, dtype=dtype, device=x.device)
+        return t.expand(lead) if t.dim() == 0 else t.reshape(lead)
+
+    temp = _bcast(temperature, torch.float32)
+    k = _bcast(top_k, torch.long)
+    p_top = _bcast(top_p, torch.float32)
+
+    greedy = temp <= 0
+    safe_t = torch.where(greedy, torch.ones_like(temp), temp)
+    x = x / safe_t.unsqueeze(-1)
+
+    # top-k: keep logits >= the k-th largest (ties at the boundary are all kept, like HF's TopKLogitsWarper).
+    k_eff = torch.where((k <= 0) | (k >= vocab), torch.full_like(k, vocab), k)
+    if bool((k_eff < vocab).any()):
+        sorted_desc = torch.sort(x, dim=-1, descending=True).values
+        kth = sorted_desc.gather(-1, (k_eff - 1).clamp(min=0).unsqueeze(-1))
+        x = torch.where(x < kth, torch.full_like(x, float("-inf")), x)
+
+    probs = torch.softmax(x, dim=-1)
+
+    # top-p (nucleus): keep the smallest descending prefix with mass >= top_p (always >= 1 token).
+    if bool((p_top < 1.0).any()):
+        sp, idx = torch.sort(probs, dim=-1, descending=True)
+        cum = sp.cumsum(-1)
+        drop_sorted = (cum - sp) >= p_top.unsqueeze(-1)
+        drop = torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+
+    if bool(greedy.any()):
+        onehot = torch.zeros_like(probs).scatter(-1, logits.float().argmax(-1, keepdim=True), 1.0)
+        probs = torch.where(greedy.unsqueeze(-1), onehot, probs)
+    return probs
+
+
+def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling.
+
+    Args:
+        probs: ``[N, V]`` non-negative weights (need not be normalized; each row must have positive mass).
+        u: ``[N]`` uniforms in [0, 1).
+
+    Returns:
+        ``[N]`` long token ids; a token with zero weight is never returned.
+    """
+    cdf = probs.float().cumsum(-1)
+    total = cdf[:, -1:]
+    target = u.float().unsqueeze(-1) * total
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    idx = idx.clamp(max=probs.shape[-1] - 1)
+    # Guard against float round-off landing on a zero-weight tail token.
+    bad = probs.gather(-1, idx.unsqueeze(-1)).squeeze(-1) <= 0
+    if bool(bad.any()):
+        last_pos = (probs > 0).float().cumsum(-1).argmax(-1)
+        idx = torch.where(bad, last_pos, idx)
+    return idx
+
+
+def draw_uniforms(generators: list[torch.Generator], n: int) -> torch.Tensor:
+    """``[len(generators), n]`` uniforms, row i drawn from ``generators[i]`` (per-request reproducibility)."""
+    if not generators:
+        return torch.empty(0, n)
+    return torch.stack([torch.rand(n, generator=g) for g in generators])
