@@ -64,12 +64,25 @@ class ModelConfig:
     @staticmethod
     def from_hf_dict(d: dict, source: str = "config.json") -> ModelConfig:
         archs = d.get("architectures") or []
-        arch = archs[0] if archs else {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
-                                      "qwen3": "Qwen3ForCausalLM"}.get(d.get("model_type", ""), "")
+        arch = (
+            archs[0]
+            if archs
+            else {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}.get(
+                d.get("model_type", ""), ""
+            )
+        )
         if arch not in SUPPORTED_ARCHITECTURES:
-            raise ModelLoadError(f"{source}: architecture {arch or d.get('model_type')!r} is not supported "
-                                 f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
-        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+            raise ModelLoadError(
+                f"{source}: architecture {arch or d.get('model_type')!r} is not supported "
+                f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+            )
+        for key in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+        ):
             if key not in d:
                 raise ModelLoadError(f"{source}: missing key {key!r}")
         rope = d.get("rope_parameters") or {}
@@ -78,10 +91,27 @@ class ModelConfig:
         if rope_type not in ("default", None):
             raise ModelLoadError(f"{source}: rope_type {rope_type!r} is not supported (only 'default')")
         heads = d["num_attention_heads"]
-        known = {"architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size",
-                 "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
-                 "rope_theta", "rope_parameters", "tie_word_embeddings", "attention_bias", "mlp_bias",
-                 "max_position_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"}
+        known = {
+            "architectures",
+            "model_type",
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "rms_norm_eps",
+            "rope_theta",
+            "rope_parameters",
+            "tie_word_embeddings",
+            "attention_bias",
+            "mlp_bias",
+            "max_position_embeddings",
+            "bos_token_id",
+            "eos_token_id",
+            "pad_token_id",
+        }
         return ModelConfig(
             architecture=arch,
             vocab_size=d["vocab_size"],
@@ -108,14 +138,25 @@ class ModelConfig:
         model_type = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}
         d = dict(self.extra)
         d.update(
-            architectures=[self.architecture], model_type=model_type[self.architecture],
-            vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_hidden_layers, num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps,
-            rope_parameters={"rope_theta": self.rope_theta, "rope_type": "default"}, rope_theta=self.rope_theta,
-            tie_word_embeddings=self.tie_word_embeddings, max_position_embeddings=self.max_position_embeddings,
-            bos_token_id=self.bos_token_id, eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id,
-            hidden_act="silu", torch_dtype="float32",
+            architectures=[self.architecture],
+            model_type=model_type[self.architecture],
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_parameters={"rope_theta": self.rope_theta, "rope_type": "default"},
+            rope_theta=self.rope_theta,
+            tie_word_embeddings=self.tie_word_embeddings,
+            max_position_embeddings=self.max_position_embeddings,
+            bos_token_id=self.bos_token_id,
+            eos_token_id=self.eos_token_id,
+            pad_token_id=self.pad_token_id,
+            hidden_act="silu",
+            torch_dtype="float32",
         )
         if self.architecture != "Qwen2ForCausalLM":
             d.update(attention_bias=self.attention_bias, mlp_bias=self.mlp_bias)
@@ -182,7 +223,9 @@ class RMSNorm(nn.Module):
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin ``[B, T, head_dim]`` for integer ``positions [B, T]`` (HF's rotate-half convention)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
+    )
     freqs = positions.float().unsqueeze(-1) * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
@@ -203,8 +246,11 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=cfg.attention_bias)
         self.k_proj = nn.Linear(cfg.hidden_size, kv * d, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, kv * d, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False if cfg.architecture == "Qwen2ForCausalLM"
-                                else cfg.attention_bias)
+        self.o_proj = nn.Linear(
+            h * d,
+            cfg.hidden_size,
+            bias=False if cfg.architecture == "Qwen2ForCausalLM" else cfg.attention_bias,
+        )
         if cfg.qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
@@ -226,8 +272,9 @@ class Attention(nn.Module):
             kmax = mask.shape[-1]
             k = cache.k[layer][slots, :, :kmax].to(q.dtype)
             v = cache.v[layer][slots, :, :kmax].to(q.dtype)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                             enable_gqa=self.n_kv != self.n_heads)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=self.n_kv != self.n_heads
+        )
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -292,6 +339,7 @@ class Transformer(nn.Module):
         attn_mask: torch.Tensor | None = None,
         hidden_layers: Sequence[int] = (),
         last_only: bool = False,
+        logits_at: torch.Tensor | None = None,
     ) -> ForwardOutput:
         """Run the decoder.
 
@@ -306,6 +354,7 @@ class Transformer(nn.Module):
             hidden_layers: layer indices whose output hidden states to return; index ``num_hidden_layers``
                 means the final normed hidden state (what the LM head reads).
             last_only: compute logits for the last position only.
+            logits_at: ``[B]`` long; compute logits only at this position of each row (``[B, 1, V]``).
 
         Returns:
             ``ForwardOutput``. Raises ``ValueError`` when the cache would overflow.
@@ -325,7 +374,11 @@ class Transformer(nn.Module):
             kmax = int(base.max()) + t
             key_idx = torch.arange(kmax, device=input_ids.device)
             committed = key_idx.view(1, 1, kmax) < base.view(b, 1, 1)  # [B, 1, K]
-            new = attn_mask if attn_mask is not None else torch.ones(t, t, dtype=torch.bool).tril().expand(b, t, t)
+            new = (
+                attn_mask
+                if attn_mask is not None
+                else torch.ones(t, t, dtype=torch.bool).tril().expand(b, t, t)
+            )
             # scatter the [B, T, T] new-token mask into key positions base..base+T-1
             rel = key_idx.view(1, 1, kmax) - base.view(b, 1, 1)  # [B, 1, K]
             in_new = (rel >= 0) & (rel < t)
@@ -350,6 +403,8 @@ class Transformer(nn.Module):
             hidden[cfg.num_hidden_layers] = x
         if last_only:
             x = x[:, -1:]
+        elif logits_at is not None:
+            x = x[torch.arange(b, device=x.device), logits_at].unsqueeze(1)
         return ForwardOutput(self.lm_head(x), hidden)
 
     def new_cache(self, num_slots: int, max_len: int, dtype=None) -> KVCache:
@@ -414,5 +469,12 @@ def init_weights(model: Transformer, seed: int = 0, std: float = 0.02) -> Transf
     return model
 
 
-__all__ = ["ModelConfig", "KVCache", "Transformer", "ForwardOutput", "ModelLoadError", "init_weights",
-           "rope_cos_sin"]
+__all__ = [
+    "ModelConfig",
+    "KVCache",
+    "Transformer",
+    "ForwardOutput",
+    "ModelLoadError",
+    "init_weights",
+    "rope_cos_sin",
+]

@@ -1,0 +1,188 @@
+"""The typed config tree (OmegaConf structured configs): every tunable of a run lives here.
+
+``load_config(path, overrides)`` merges ``configs/*.yaml`` and ``dotted.key=value`` overrides onto these
+dataclasses. An unknown key or a value of the wrong type raises ``ConfigError`` naming the key (and the
+file), so a typo never runs silently with a default.
+
+    tailspec train --config configs/gsm8k_tiny.yaml trainer.steps=2
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class ConfigError(ValueError):
+    """Bad config: unknown key, wrong type, unreadable file or an invalid value."""
+
+
+@dataclass
+class RunConfig:
+    name: str = "gsm8k_tiny"
+    seed: int = 0
+    runs_dir: str = "runs"  # runs/<run_id>/ unless --run-dir is given
+    console: str = "rich"  # rich | plain
+
+
+@dataclass
+class ModelSection:
+    # HF folder of the initial policy; relative paths are resolved against the repo root.
+    path: str = "services/pipeline/assets/base_policy"
+    # Build the embedded default policy there (tailspec base-model) when the folder is missing.
+    build_if_missing: bool = True
+
+
+@dataclass
+class DataConfig:
+    dir: str | None = None  # default: $TAILSPEC_DATA_DIR or ../shared/datasets/gsm8k
+    train_file: str = "train.jsonl"
+    test_file: str = "test.jsonl"
+    shuffle: bool = True
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 6  # RL steps
+    prompts_per_step: int = 8  # B
+    group_size: int = 4  # G responses per prompt
+    backend: str = "torch"  # torch | deepspeed
+    zero_stage: int = 1  # deepspeed only: 1 or 2
+    lr: float = 2e-5
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 16  # sequences per forward/backward
+    updates_per_step: int = 1  # optimizer passes over the step's rollouts (PPO epochs)
+    clip_eps: float = 0.2  # PPO/GRPO ratio clip
+    kl_coef: float = 0.0  # weight of the k3 KL to the reference (initial) policy; 0 = no reference forward
+    format_reward: float = 0.1  # added when the response ends with '#### <number>'
+    adv_eps: float = 1e-6
+    scale_adv_by_std: bool = True
+    save_checkpoint: bool = True  # final policy to runs/<id>/checkpoints/policy (HF format)
+
+
+@dataclass
+class SpeculativeConfig:
+    enabled: bool = False
+    drafter: str = "off"  # off | suffix | ngram | learned | hybrid
+    max_draft_tokens: int = 8
+    tree_width: int = 1
+    tree_depth: int = 0
+
+
+@dataclass
+class RolloutConfig:
+    num_actors: int = 2
+    threads_per_actor: int = 1
+    max_batch_size: int = 64  # slots per actor
+    max_new_tokens: int = 320
+    temperature: float = 0.9
+    top_p: float = 1.0
+    top_k: int = 0
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+
+
+@dataclass
+class RayConfig:
+    address: str | None = None  # None: $RAY_ADDRESS if set, else start a local cluster; "auto" joins one
+    num_cpus: int | None = None
+    temp_dir: str | None = None
+    use_ray: bool = True  # False runs every service in-process (debugging, tests)
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+
+def _validate(cfg: Config) -> None:
+    checks = [
+        ("trainer.steps", cfg.trainer.steps >= 1, "must be >= 1"),
+        ("trainer.prompts_per_step", cfg.trainer.prompts_per_step >= 1, "must be >= 1"),
+        ("trainer.group_size", cfg.trainer.group_size >= 2, "must be >= 2 (group-normalized advantages)"),
+        ("trainer.backend", cfg.trainer.backend in ("torch", "deepspeed"), "must be 'torch' or 'deepspeed'"),
+        ("trainer.zero_stage", cfg.trainer.zero_stage in (1, 2), "must be 1 or 2"),
+        ("trainer.lr", cfg.trainer.lr > 0, "must be > 0"),
+        ("trainer.micro_batch_size", cfg.trainer.micro_batch_size >= 1, "must be >= 1"),
+        ("trainer.updates_per_step", cfg.trainer.updates_per_step >= 1, "must be >= 1"),
+        ("rollout.num_actors", cfg.rollout.num_actors >= 1, "must be >= 1"),
+        ("rollout.max_batch_size", cfg.rollout.max_batch_size >= 1, "must be >= 1"),
+        ("rollout.max_new_tokens", cfg.rollout.max_new_tokens >= 1, "must be >= 1"),
+        ("rollout.temperature", cfg.rollout.temperature >= 0, "must be >= 0"),
+        ("rollout.top_p", 0 < cfg.rollout.top_p <= 1, "must be in (0, 1]"),
+        ("rollout.top_k", cfg.rollout.top_k >= 0, "must be >= 0"),
+        (
+            "rollout.speculative.drafter",
+            cfg.rollout.speculative.drafter in ("off", "suffix", "ngram", "learned", "hybrid"),
+            "must be one of off, suffix, ngram, learned, hybrid",
+        ),
+        (
+            "rollout.speculative.max_draft_tokens",
+            cfg.rollout.speculative.max_draft_tokens >= 1,
+            "must be >= 1",
+        ),
+        ("rollout.speculative.tree_width", cfg.rollout.speculative.tree_width >= 1, "must be >= 1"),
+    ]
+    for key, ok, why in checks:
+        if not ok:
+            raise ConfigError(
+                f"config key {key!r} {why} (got {OmegaConf.select(OmegaConf.structured(cfg), key)!r})"
+            )
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:
+    """Load a YAML config onto the schema, apply ``key=value`` overrides, validate.
+
+    Raises:
+        ConfigError: unreadable file, unknown key, wrong type, or invalid value (message names the key).
+    """
+    schema = OmegaConf.structured(Config)
+    layers: list[DictConfig] = [schema]
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} not found")
+        try:
+            layers.append(OmegaConf.load(p))
+        except Exception as e:  # yaml errors carry line numbers
+            raise ConfigError(f"{p}: cannot parse YAML: {e}") from None
+    for ov in overrides or []:
+        if "=" not in ov:
+            raise ConfigError(f"override {ov!r} is not of the form dotted.key=value")
+    try:
+        if overrides:
+            layers.append(OmegaConf.from_dotlist(list(overrides)))
+        merged = OmegaConf.merge(*layers)
+        cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        where = f" in {path}" if path else ""
+        msg = str(e).splitlines()[0]
+        raise ConfigError(f"config key {key!r}{where}: {msg}") from None
+    _validate(cfg)
+    return cfg
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def resolve_path(p: str) -> Path:
+    """Relative paths in configs are relative to the repo root (so runs work from any directory)."""
+    path = Path(os.path.expanduser(p))
+    return path if path.is_absolute() else REPO_ROOT / path
+
+
+__all__ = ["Config", "ConfigError", "load_config", "to_yaml", "resolve_path", "REPO_ROOT", "MISSING"]

@@ -1,0 +1,533 @@
+"""The decoding engine: continuous batching over a slot KV cache, with lossless speculative decoding.
+
+Contract
+--------
+``Engine(model, ...).generate(requests) -> list[RequestOutput]`` (same order as ``requests``).
+
+* Continuous batching: up to ``max_batch_size`` requests hold a KV-cache slot; a finished request frees its
+  slot at once and the next waiting request is prefilled into it.
+* Sampling: temperature / top-k / top-p via ``sampling.processed_probs`` (temperature 0 = greedy); stop on
+  an EOS id, a stop string, or ``max_new_tokens``. Each request owns a ``torch.Generator`` seeded from its
+  ``seed``, so the same seed and prompt give the same tokens whatever else is in the batch.
+* Speculation: per decode step the ``StrategyPolicy`` gives every request a ``Strategy``; the named drafter
+  proposes a chain or tree; all requests are verified in ONE batched target forward (tree attention masks);
+  ``speculative.verify.verify_tree`` applies the lossless acceptance rule; rejected KV positions are rolled
+  back (only the slot length moves) and an accepted tree path is compacted in place.
+* Outputs: token ids, per-token logprobs (log-softmax of logits / temperature, before top-k/top-p; raw
+  logits at temperature 0), finish reason (``eos`` | ``stop`` | ``length``), per-request timings and
+  speculation counters. ``Engine.step_log`` keeps one ``StepRecord`` per decode step (active batch size,
+  seconds, drafted/accepted tokens) for long-tail plots and the tuner.
+
+Run it on a model folder:
+
+    python -m services.rollout_actor.engine --model services/pipeline/assets/base_policy --n 8
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from services.rollout_actor.model import Transformer
+from services.rollout_actor.sampling import draw_uniforms, processed_probs, sample_from_probs
+from services.rollout_actor.speculative.base import Drafter, DraftRequest, DraftTree
+from services.rollout_actor.speculative.strategy import FixedPolicy, StepObservation, Strategy, StrategyPolicy
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()  # stop strings (need a tokenizer); the stop string stays in the text
+    seed: int | None = None
+
+
+@dataclass
+class GenerationRequest:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    problem_id: str = ""  # responses to the same prompt share it (suffix-tree history, length classes)
+
+
+@dataclass
+class RequestTimings:
+    """Seconds since the ``generate`` call started (or the engine's clock origin)."""
+
+    arrival_s: float = 0.0
+    first_token_s: float = 0.0
+    finish_s: float = 0.0
+    decode_steps: int = 0  # verify steps this request took part in
+
+
+@dataclass
+class SpecCounters:
+    drafted: int = 0
+    accepted: int = 0
+    verify_steps: int = 0  # steps with a non-empty draft
+    accepted_by_position: list[int] = field(default_factory=list)  # accepted count per draft depth
+    drafted_by_position: list[int] = field(default_factory=list)
+    drafter_counts: dict[str, list[int]] = field(default_factory=dict)  # name -> [drafted, accepted]
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    problem_id: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    timings: RequestTimings
+    spec: SpecCounters
+    text: str | None = None
+
+
+@dataclass
+class StepRecord:
+    t_start: float  # seconds since clock origin
+    seconds: float
+    batch_size: int
+    strategy: str
+    committed: int
+    drafted: int
+    accepted: int
+    draft_seconds: float
+
+
+@dataclass
+class _Running:
+    req: GenerationRequest
+    slot: int
+    gen: torch.Generator
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    root: int = -1  # last sampled token, not yet in the KV cache
+    hidden: torch.Tensor | None = None  # target hidden state(s) of the position that produced ``root``
+    timings: RequestTimings = field(default_factory=RequestTimings)
+    spec: SpecCounters = field(default_factory=SpecCounters)
+    finish_reason: str | None = None
+
+
+class Engine:
+    """Batched, continuously batched decoding over one ``Transformer``.
+
+    Args:
+        model: the target policy (eval mode; runs under ``torch.inference_mode``).
+        max_batch_size: KV-cache slots (most requests decoded at once).
+        max_seq_len: per-slot capacity (prompt + generated + draft), in tokens.
+        eos_token_ids: ids that end a response (default: the model config's eos ids).
+        tokenizer: optional ``tokenizers.Tokenizer``-like object with ``decode(ids)``; needed for stop strings
+            and ``RequestOutput.text``.
+        drafters: name -> ``Drafter`` available to strategies.
+        policy: per-step ``StrategyPolicy`` (default: speculation off).
+        hidden_layers: target layers whose hidden states the learned drafter reads (``num_hidden_layers`` =
+            the final normed state). Empty: no hidden states are kept.
+        hidden_sink: optional callback ``(request_id, positions [n], tokens [n], hidden [n, ...])`` receiving the
+            target hidden states of committed tokens (the spot trainer's buffer feeds on it).
+        seed: base seed for requests without their own.
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        max_batch_size: int = 64,
+        max_seq_len: int = 1024,
+        eos_token_ids: Sequence[int] | None = None,
+        tokenizer=None,
+        drafters: dict[str, Drafter] | None = None,
+        policy: StrategyPolicy | None = None,
+        hidden_layers: Sequence[int] = (),
+        hidden_sink: Callable[..., None] | None = None,
+        seed: int = 0,
+    ):
+        self.model = model.eval()
+        self.cfg = model.config
+        self.max_batch_size = max_batch_size
+        self.max_seq_len = max_seq_len
+        self.eos = set(eos_token_ids if eos_token_ids is not None else self.cfg.eos_ids())
+        self.tokenizer = tokenizer
+        self.drafters = dict(drafters or {})
+        self.policy: StrategyPolicy = policy or FixedPolicy()
+        self.hidden_layers = tuple(hidden_layers)
+        self.hidden_sink = hidden_sink
+        self.seed = seed
+        self._seed_counter = itertools.count()
+        self.cache = model.new_cache(max_batch_size, max_seq_len)
+        self.free_slots: list[int] = list(range(max_batch_size - 1, -1, -1))
+        self.waiting: deque[tuple[GenerationRequest, float]] = deque()
+        self.running: list[_Running] = []
+        self.step_log: list[StepRecord] = []
+        self.clock_origin = time.perf_counter()
+
+    # ------------------------------------------------------------------ public API
+    def now(self) -> float:
+        return time.perf_counter() - self.clock_origin
+
+    def add_request(self, req: GenerationRequest) -> None:
+        """Queue a request. Raises ValueError if it cannot fit a slot or its parameters are invalid."""
+        p = req.params
+        if not req.prompt_ids:
+            raise ValueError(f"request {req.request_id!r}: empty prompt")
+        if p.max_new_tokens < 1:
+            raise ValueError(f"request {req.request_id!r}: max_new_tokens must be >= 1")
+        if p.temperature < 0 or not (0 < p.top_p <= 1) or p.top_k < 0:
+            raise ValueError(f"request {req.request_id!r}: invalid sampling params {p}")
+        if p.stop and self.tokenizer is None:
+            raise ValueError(f"request {req.request_id!r}: stop strings need a tokenizer")
+        need = len(req.prompt_ids) + p.max_new_tokens + 1
+        if need > self.max_seq_len:
+            raise ValueError(
+                f"request {req.request_id!r}: prompt ({len(req.prompt_ids)}) + max_new_tokens "
+                f"({p.max_new_tokens}) exceeds max_seq_len {self.max_seq_len}"
+            )
+        bad = [t for t in req.prompt_ids if not 0 <= t < self.cfg.vocab_size]
+        if bad:
+            raise ValueError(
+                f"request {req.request_id!r}: token id {bad[0]} outside the vocabulary "
+                f"(size {self.cfg.vocab_size}); tokenizer and model do not match"
+            )
+        self.waiting.append((req, self.now()))
+        for d in self.drafters.values():
+            d.start_request(req.request_id, req.problem_id, list(req.prompt_ids))
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], on_finish: Callable[[RequestOutput], None] | None = None
+    ) -> list[RequestOutput]:
+        """Decode ``requests`` to completion; outputs in the same order."""
+        self.clock_origin = time.perf_counter()
+        for r in requests:
+            self.add_request(r)
+        done: dict[str, RequestOutput] = {}
+        while self.has_unfinished():
+            for out in self.step():
+                done[out.request_id] = out
+                if on_finish is not None:
+                    on_finish(out)
+        return [done[r.request_id] for r in requests]
+
+    @torch.inference_mode()
+    def step(self) -> list[RequestOutput]:
+        """Admit + prefill waiting requests, then one decode (or draft + verify) step for all running ones."""
+        finished = self._admit()
+        if self.running:
+            finished += self._decode_step()
+        return finished
+
+    # ------------------------------------------------------------------ internals
+    def _new_generator(self, req: GenerationRequest) -> torch.Generator:
+        seed = (
+            req.params.seed
+            if req.params.seed is not None
+            else self.seed * 1_000_003 + next(self._seed_counter)
+        )
+        return torch.Generator().manual_seed(int(seed))
+
+    def _admit(self) -> list[RequestOutput]:
+        new: list[_Running] = []
+        while self.waiting and self.free_slots:
+            req, arrival = self.waiting.popleft()
+            r = _Running(req=req, slot=self.free_slots.pop(), gen=self._new_generator(req))
+            r.timings.arrival_s = arrival
+            new.append(r)
+        if not new:
+            return []
+        slots = torch.tensor([r.slot for r in new])
+        self.cache.reset(slots)
+        lens = torch.tensor([len(r.req.prompt_ids) for r in new])
+        t = int(lens.max())
+        ids = torch.zeros(len(new), t, dtype=torch.long)
+        for i, r in enumerate(new):
+            ids[i, : lens[i]] = torch.tensor(r.req.prompt_ids)
+        out = self.model(
+            ids, cache=self.cache, slots=slots, hidden_layers=self.hidden_layers, logits_at=lens - 1
+        )
+        self.cache.commit(slots, lens)
+        logits = out.logits[:, 0]  # [n, V]
+        hid = self._gather_hidden(out.hidden, lens - 1)
+        tokens, logps = self._sample_rows(logits, new)
+        finished = []
+        now = self.now()
+        for i, r in enumerate(new):
+            r.timings.first_token_s = now
+            if hid is not None:
+                r.hidden = hid[i]
+            self.running.append(r)
+            self._commit(r, [int(tokens[i])], [float(logps[i])])
+            if r.finish_reason:
+                finished.append(self._finish(r))
+        return finished
+
+    def _gather_hidden(self, hidden: dict[int, torch.Tensor], pos: torch.Tensor) -> torch.Tensor | None:
+        """``[n, H]`` (one layer) or ``[n, k, H]`` (several) hidden states at ``pos[n]`` of each row."""
+        if not self.hidden_layers:
+            return None
+        hs = [hidden[layer] for layer in self.hidden_layers]
+        idx = pos.view(-1, 1, 1).expand(-1, 1, hs[0].shape[-1])
+        picked = [h.gather(1, idx).squeeze(1) for h in hs]
+        return picked[0] if len(picked) == 1 else torch.stack(picked, 1)
+
+    def _params_tensors(self, rows: list[_Running]):
+        temp = torch.tensor([r.req.params.temperature for r in rows], dtype=torch.float32)
+        top_k = torch.tensor([r.req.params.top_k for r in rows], dtype=torch.long)
+        top_p = torch.tensor([r.req.params.top_p for r in rows], dtype=torch.float32)
+        return temp, top_k, top_p
+
+    def _logprobs(self, logits: torch.Tensor, temp: torch.Tensor) -> torch.Tensor:
+        t = torch.where(temp > 0, temp, torch.ones_like(temp))
+        return torch.log_softmax(logits.float() / t.view(-1, *([1] * (logits.dim() - 1))), dim=-1)
+
+    def _sample_rows(self, logits: torch.Tensor, rows: list[_Running]):
+        temp, top_k, top_p = self._params_tensors(rows)
+        probs = processed_probs(logits, temp, top_k, top_p)
+        u = draw_uniforms([r.gen for r in rows], 1).squeeze(1)
+        tok = sample_from_probs(probs, u)
+        lp = self._logprobs(logits, temp).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+        return tok, lp
+
+    def _commit(self, r: _Running, tokens: list[int], logps: list[float]) -> None:
+        """Append newly committed tokens, applying EOS / stop-string / length stops."""
+        p = r.req.params
+        for tok, lp in zip(tokens, logps):
+            r.tokens.append(tok)
+            r.logprobs.append(lp)
+            if tok in self.eos:
+                r.finish_reason = "eos"
+                break
+            if len(r.tokens) >= p.max_new_tokens:
+                r.finish_reason = "length"
+                break
+            if p.stop and self._hit_stop(r):
+                r.finish_reason = "stop"
+                break
+        r.root = r.tokens[-1]
+
+    def _hit_stop(self, r: _Running) -> bool:
+        longest = max(len(s) for s in r.req.params.stop)
+        tail = self.tokenizer.decode(r.tokens[-(longest + 8) :])
+        return any(s in tail for s in r.req.params.stop)
+
+    def _finish(self, r: _Running) -> RequestOutput:
+        r.timings.finish_s = self.now()
+        self.running.remove(r)
+        self.free_slots.append(r.slot)
+        for d in self.drafters.values():
+            d.finish_request(r.req.request_id, r.req.problem_id, list(r.tokens))
+        text = self.tokenizer.decode(r.tokens) if self.tokenizer is not None else None
+        return RequestOutput(
+            r.req.request_id,
+            r.req.problem_id,
+            list(r.req.prompt_ids),
+            r.tokens,
+            r.logprobs,
+            r.finish_reason or "length",
+            r.timings,
+            r.spec,
+            text,
+        )
+
+    # ------------------------------------------------------------------ decode / speculate
+    def _decode_step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        rows = list(self.running)
+        b = len(rows)
+        dreqs = [
+            DraftRequest(
+                r.req.request_id,
+                r.req.problem_id,
+                r.req.prompt_ids + r.tokens,
+                len(r.req.prompt_ids),
+                r.hidden,
+            )
+            for r in rows
+        ]
+        strategies = self.policy.choose(dreqs)
+        drafts = self._propose(rows, dreqs, strategies)
+        t_draft = time.perf_counter() - t0
+
+        n = max((len(d) for d in drafts), default=0)
+        slots = torch.tensor([r.slot for r in rows])
+        ids = torch.zeros(b, n + 1, dtype=torch.long)
+        pos = torch.zeros(b, n + 1, dtype=torch.long)
+        mask = torch.zeros(b, n + 1, n + 1, dtype=torch.bool)
+        base = self.cache.lengths[slots]
+        eye = torch.eye(n + 1, dtype=torch.bool)
+        for i, (r, d) in enumerate(zip(rows, drafts)):
+            ids[i, 0] = r.root
+            m = eye.clone()
+            m[:, 0] = True
+            depth = [0]
+            for j, (tok, par) in enumerate(zip(d.tokens, d.parents)):
+                ids[i, j + 1] = tok
+                node, anc = j + 1, par + 1
+                depth.append(depth[anc] + 1)
+                m[node] |= m[anc]
+            mask[i] = m
+            pos[i, : len(depth)] = base[i] + torch.tensor(depth)
+        out = self.model(
+            ids,
+            positions=pos,
+            cache=self.cache,
+            slots=slots,
+            attn_mask=mask,
+            hidden_layers=self.hidden_layers,
+        )
+        logits = out.logits  # [B, n+1, V]
+        temp, top_k, top_p = self._params_tensors(rows)
+        greedy = temp <= 0
+        probs = processed_probs(
+            logits,
+            temp.view(-1, 1).expand(b, n + 1),
+            top_k.view(-1, 1).expand(b, n + 1),
+            top_p.view(-1, 1).expand(b, n + 1),
+        )
+        logp_all = self._logprobs(logits, temp)
+        if n == 0:
+            u = draw_uniforms([r.gen for r in rows], 1).squeeze(1)
+            nxt = sample_from_probs(probs[:, 0], u)
+            paths = [[] for _ in rows]
+        else:
+            from services.rollout_actor.speculative.verify import verify_tree
+
+            u = draw_uniforms([r.gen for r in rows], n + 1)
+            res = verify_tree(probs, drafts, u, greedy=greedy)
+            nxt, paths = res.next_token, res.accepted_nodes
+        hid = None
+        if self.hidden_layers:
+            hid = torch.stack([out.hidden[layer] for layer in self.hidden_layers], 2)  # [B, n+1, k, H]
+
+        finished: list[RequestOutput] = []
+        committed_total = drafted_total = accepted_total = 0
+        for i, (r, d, s) in enumerate(zip(rows, drafts, strategies)):
+            path = paths[i]
+            # rows (in the step's input) of each committed token's predecessor: root, then accepted nodes
+            rows_idx = [0] + [p + 1 for p in path]
+            self.cache.keep_path(r.slot, rows_idx)  # root + accepted nodes stay, in path order
+            toks = [d.tokens[p] for p in path] + [int(nxt[i])]
+            lps = [float(logp_all[i, rows_idx[k], toks[k]]) for k in range(len(toks))]
+            if hid is not None:
+                h = hid[i, rows_idx[-1]]
+                r.hidden = h[0] if h.shape[0] == 1 else h
+                if self.hidden_sink is not None:
+                    start = int(base[i])
+                    self.hidden_sink(
+                        r.req.request_id, list(range(start, start + len(rows_idx))), toks, hid[i, rows_idx]
+                    )
+            self._record_spec(r, d, s, len(path))
+            r.timings.decode_steps += 1
+            before = len(r.tokens)
+            self._commit(r, toks, lps)
+            committed_total += len(r.tokens) - before
+            drafted_total += len(d)
+            accepted_total += len(path)
+            for dr in self._drafters_of(s):
+                dr.observe(r.req.request_id, r.tokens[before:])
+            if r.finish_reason:
+                finished.append(self._finish(r))
+        seconds = time.perf_counter() - t0
+        arm = strategies[0].name if len({s.name for s in strategies}) == 1 else "mixed"
+        self.step_log.append(
+            StepRecord(
+                t0 - self.clock_origin,
+                seconds,
+                b,
+                arm,
+                committed_total,
+                drafted_total,
+                accepted_total,
+                t_draft,
+            )
+        )
+        self.policy.observe(StepObservation(b, arm, committed_total, drafted_total, accepted_total, seconds))
+        return finished
+
+    def _drafters_of(self, s: Strategy) -> list[Drafter]:
+        if s.is_off:
+            return []
+        d = self.drafters.get(s.drafter)
+        return [d] if d is not None else []
+
+    def _propose(
+        self, rows: list[_Running], dreqs: list[DraftRequest], strategies: list[Strategy]
+    ) -> list[DraftTree]:
+        drafts: list[DraftTree] = [DraftTree() for _ in rows]
+        groups: dict[tuple, list[int]] = {}
+        for i, s in enumerate(strategies):
+            if not s.is_off:
+                groups.setdefault((s.drafter, s.tree_width, s.tree_depth), []).append(i)
+        for (name, width, depth), idx in groups.items():
+            drafter = self.drafters.get(name)
+            if drafter is None:
+                raise ValueError(
+                    f"strategy names drafter {name!r}, but the engine has {sorted(self.drafters)}"
+                )
+            budgets = []
+            for i in idx:
+                r = rows[i]
+                room = min(
+                    r.req.params.max_new_tokens - len(r.tokens) - 1,
+                    self.max_seq_len - int(self.cache.lengths[r.slot]) - 2,
+                )
+                budgets.append(max(0, min(strategies[i].max_draft_tokens, room)))
+            for i, tree in zip(idx, drafter.propose([dreqs[i] for i in idx], budgets, width, depth)):
+                drafts[i] = tree
+        return drafts
+
+    def _record_spec(self, r: _Running, d: DraftTree, s: Strategy, accepted: int) -> None:
+        if not len(d):
+            return
+        sp = r.spec
+        sp.drafted += len(d)
+        sp.accepted += accepted
+        sp.verify_steps += 1
+        depth = max(d.depths())
+        while len(sp.drafted_by_position) < depth:
+            sp.drafted_by_position.append(0)
+            sp.accepted_by_position.append(0)
+        for k in range(depth):
+            sp.drafted_by_position[k] += 1
+        for k in range(accepted):
+            sp.accepted_by_position[k] += 1
+        c = sp.drafter_counts.setdefault(s.drafter, [0, 0])
+        c[0] += len(d)
+        c[1] += accepted
+
+
+def _main(argv=None) -> None:
+    import argparse
+
+    from tokenizers import Tokenizer
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--prompt", default="Question: Tom has 3 apples and buys 5 more. How many now?\nAnswer:")
+    ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--temperature", type=float, default=0.9)
+    ap.add_argument("--max-new-tokens", type=int, default=200)
+    args = ap.parse_args(argv)
+    model = Transformer.from_pretrained(args.model)
+    tok = Tokenizer.from_file(f"{args.model}/tokenizer.json")
+    eng = Engine(model, tokenizer=tok, max_seq_len=1024)
+    ids = tok.encode(args.prompt).ids
+    reqs = [
+        GenerationRequest(
+            str(i), ids, SamplingParams(args.temperature, max_new_tokens=args.max_new_tokens, seed=i)
+        )
+        for i in range(args.n)
+    ]
+    for o in eng.generate(reqs):
+        print(f"--- {o.request_id} ({len(o.token_ids)} tokens, {o.finish_reason})\n{o.text}")
+
+
+if __name__ == "__main__":
+    _main()

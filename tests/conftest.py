@@ -1,0 +1,45 @@
+"""Shared fixtures: tiny random models (CPU), the committed base policy, the GSM8K data folder."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from services.common.config import REPO_ROOT
+from services.rollout_actor.model import ModelConfig, Transformer, init_weights
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+BASE_POLICY = REPO_ROOT / "services" / "pipeline" / "assets" / "base_policy"
+GSM8K_DIR = REPO_ROOT.parent / "shared" / "datasets" / "gsm8k"
+
+
+def tiny_config(**kw) -> ModelConfig:
+    base = dict(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        eos_token_id=1,
+        max_position_embeddings=512,
+    )
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+@pytest.fixture
+def tiny_model() -> Transformer:
+    return init_weights(Transformer(tiny_config()), seed=0, std=0.3).eval()
+
+
+def pytest_collection_modifyitems(config, items):
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs CUDA")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
