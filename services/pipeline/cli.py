@@ -1,0 +1,73 @@
+"""The ``tailspec`` command.
+
+    tailspec train --config configs/gsm8k_tiny.yaml [--run-dir DIR] [dotted.key=value ...]
+    tailspec base-model --out DIR [--seed N] [--evaluate]
+
+Bad input (config typo, wrong type, missing dataset, malformed JSONL, bad model folder, tokenizer mismatch)
+prints one clear ``error:`` line and exits with status 2; no summary.json is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from services.common.config import REPO_ROOT, ConfigError, load_config
+
+
+def _console():
+    try:
+        from rich.console import Console
+
+        return Console(highlight=False, width=max(120, Console().width))
+    except ImportError:  # pragma: no cover
+        return None
+
+
+def cmd_train(args) -> int:
+    from services.pipeline.datasets import DatasetError
+    from services.pipeline.driver import PreflightError, RLDriver
+    from services.rollout_actor.model import ModelLoadError
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+        driver = RLDriver(cfg, run_dir=args.run_dir, console=_console())
+        summary = driver.run()
+    except (ConfigError, DatasetError, PreflightError, ModelLoadError, FileExistsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"done: {summary['steps']} steps in {summary['wall_seconds']:.1f}s, reward "
+        f"{summary['reward_mean_first']:.3f} -> {summary['reward_mean_last']:.3f}"
+    )
+    return 0
+
+
+def cmd_base_model(args) -> int:
+    from services.pipeline.base_model import main as base_main
+
+    argv = ["--out", args.out, "--seed", str(args.seed)] + (["--evaluate"] if args.evaluate else [])
+    return int(base_main(argv) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="tailspec", description="GRPO with adaptive lossless speculative rollouts"
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train", help="run GRPO training (the main job)")
+    t.add_argument("--config", default=str(REPO_ROOT / "configs" / "gsm8k_tiny.yaml"))
+    t.add_argument("--run-dir", default=None, help="output folder (default runs/<run_id>)")
+    t.add_argument("overrides", nargs="*", help="dotted.key=value config overrides, e.g. trainer.steps=2")
+    t.set_defaults(fn=cmd_train)
+    b = sub.add_parser("base-model", help="build the embedded default policy (tokenizer + SFT on GSM8K)")
+    b.add_argument("--out", required=True)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--evaluate", action="store_true", help="also report format rate and length quantiles")
+    b.set_defaults(fn=cmd_base_model)
+    args = ap.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

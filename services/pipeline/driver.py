@@ -1,0 +1,423 @@
+"""The RL driver: GRPO on GSM8K over a pool of rollout actors and a policy-trainer actor.
+
+One RL step (see ../shared/DESIGN.md, "One RL step"):
+
+1. sample ``trainer.prompts_per_step`` prompts (B) from GSM8K train, ``trainer.group_size`` (G) responses
+   each; assign whole groups to rollout actors, predicted-longest first, to the least-loaded actor (LPT);
+2. every actor decodes its shard with continuous batching; the driver gathers the responses;
+3. rewards (GSM8K final-answer match + format reward), group-normalized advantages;
+4. one GRPO update on the policy-trainer actor; the new weights go (versioned) to every rollout actor;
+5. one line of ``metrics.jsonl``, a progress line, and at the end ``summary.json`` and the plots.
+
+With ``ray.use_ray=false`` the same services run in-process (tests, debugging). Entry point:
+``tailspec train --config configs/gsm8k_tiny.yaml`` (``services/pipeline/cli.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from services.common.config import Config, resolve_path, to_yaml
+from services.common.ray_utils import ActorPool, init_ray
+from services.pipeline.datasets import GSM8KExample, default_dataset_dir, format_prompt, load_gsm8k
+from services.pipeline.outputs import RunWriter, length_stats, new_run_id, plot_curves, plot_response_lengths
+from services.pipeline.rewards import gsm8k_reward
+from services.rollout_actor.worker import RolloutRequest, RolloutWorker, ShardResult
+
+
+class PreflightError(ValueError):
+    """Bad input found before anything is written: missing data, bad model folder, tokenizer mismatch."""
+
+
+# ---------------------------------------------------------------------------------------------- preflight
+def resolve_model(cfg: Config, log=print) -> Path:
+    path = resolve_path(cfg.model.path)
+    if not path.exists():
+        if not cfg.model.build_if_missing:
+            raise PreflightError(f"model directory {path} does not exist (model.build_if_missing is false)")
+        from services.pipeline.base_model import build_base_model
+
+        log(f"building the embedded default policy into {path} (first use; a few minutes)")
+        build_base_model(path, data_dir=cfg.data.dir, seed=cfg.run.seed)
+    check_model_dir(path)
+    return path
+
+
+def check_model_dir(path: Path) -> None:
+    """Raises PreflightError unless ``path`` holds config.json, model.safetensors and a matching tokenizer."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    if not path.is_dir():
+        raise PreflightError(f"model directory {path} does not exist")
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        if not (path / name).is_file():
+            raise PreflightError(f"model directory {path} has no {name}")
+    try:
+        mcfg = json.loads((path / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        raise PreflightError(f"{path / 'config.json'}: invalid JSON ({e})") from None
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    vocab = mcfg.get("vocab_size", 0)
+    if tok.get_vocab_size() > vocab:
+        raise PreflightError(
+            f"tokenizer mismatch: {path / 'tokenizer.json'} has {tok.get_vocab_size()} tokens but "
+            f"config.json vocab_size is {vocab}"
+        )
+    eos = mcfg.get("eos_token_id")
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if not eos_ids:
+        raise PreflightError(f"{path / 'config.json'}: no eos_token_id")
+    for e in eos_ids:
+        if tok.id_to_token(e) is None:
+            raise PreflightError(
+                f"tokenizer mismatch: eos_token_id {e} of config.json is not in tokenizer.json"
+            )
+
+
+def load_data(cfg: Config) -> list[GSM8KExample]:
+    d = Path(cfg.data.dir) if cfg.data.dir else default_dataset_dir()
+    return load_gsm8k(d / cfg.data.train_file)
+
+
+# ---------------------------------------------------------------------------------------------- scheduling
+def assign_groups(groups: list[tuple[str, int]], num_workers: int) -> list[list[str]]:
+    """LPT: groups (problem_id, predicted length) sorted longest first, each to the least-loaded worker."""
+    loads = [0.0] * num_workers
+    shards: list[list[str]] = [[] for _ in range(num_workers)]
+    for pid, pred in sorted(groups, key=lambda g: -g[1]):
+        w = min(range(num_workers), key=lambda i: (loads[i], i))
+        shards[w].append(pid)
+        loads[w] += pred
+    return shards
+
+
+class LengthPredictor:
+    """Per-problem mean of recent response lengths (unknown problems: the running global mean)."""
+
+    def __init__(self, keep: int = 16):
+        self.hist: dict[str, list[int]] = {}
+        self.keep = keep
+        self.global_mean = 100.0
+
+    def predict(self, pid: str) -> float:
+        h = self.hist.get(pid)
+        return float(np.mean(h)) if h else self.global_mean
+
+    def update(self, pid: str, length: int) -> None:
+        h = self.hist.setdefault(pid, [])
+        h.append(length)
+        del h[: -self.keep]
+        self.global_mean = 0.95 * self.global_mean + 0.05 * length
+
+
+# ---------------------------------------------------------------------------------------------- driver
+class RLDriver:
+    def __init__(self, cfg: Config, run_dir: Path | None = None, console=None):
+        self.cfg = cfg
+        self.console = console
+        self.log = console.print if console is not None else print
+        # --- preflight: nothing is written before these pass
+        self.model_path = resolve_model(cfg, self.log)
+        self.train = load_data(cfg)
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(self.model_path / "tokenizer.json"))
+        self.run_dir = Path(run_dir) if run_dir else resolve_path(cfg.run.runs_dir) / new_run_id(cfg.run.name)
+        self.rng = random.Random(cfg.run.seed)
+        self.order = list(range(len(self.train)))
+        if cfg.data.shuffle:
+            self.rng.shuffle(self.order)
+        self.cursor = 0
+        self.lengths = LengthPredictor()
+        self.rows: list[dict] = []
+        self.lengths_per_step: list[list[int]] = []
+
+    # ------------------------------------------------------------------ services
+    def _start_services(self) -> None:
+        cfg = self.cfg
+        if cfg.ray.use_ray:
+            import ray
+
+            self._owns_ray = not ray.is_initialized()
+            self.log(init_ray(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.temp_dir))
+        sampling = dict(
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            top_k=cfg.rollout.top_k,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+        )
+        n = cfg.rollout.num_actors
+        self.rollout = ActorPool.create(
+            RolloutWorker,
+            [(i, str(self.model_path), sampling) for i in range(n)],
+            cfg.ray.use_ray,
+            num_cpus=cfg.rollout.threads_per_actor,
+            kwargs_list=[
+                dict(max_batch_size=cfg.rollout.max_batch_size, threads=cfg.rollout.threads_per_actor)
+                for _ in range(n)
+            ],
+        )
+        from services.policy_trainer.actor import PolicyTrainerService
+
+        self.trainer = ActorPool.create(
+            PolicyTrainerService,
+            [(str(self.model_path), asdict(cfg.trainer), cfg.run.seed)],
+            cfg.ray.use_ray,
+            num_cpus=0,
+        )
+
+    def _stop_services(self) -> None:
+        for pool in (getattr(self, "rollout", None), getattr(self, "trainer", None)):
+            if pool is not None:
+                pool.shutdown()
+        if getattr(self, "_owns_ray", False):
+            import ray
+
+            ray.shutdown()
+
+    # ------------------------------------------------------------------ one step
+    def _next_prompts(self) -> list[GSM8KExample]:
+        out = []
+        for _ in range(self.cfg.trainer.prompts_per_step):
+            if self.cursor >= len(self.order):
+                self.rng.shuffle(self.order)
+                self.cursor = 0
+            out.append(self.train[self.order[self.cursor]])
+            self.cursor += 1
+        return out
+
+    def _rollout(self, step: int, prompts: list[GSM8KExample]) -> tuple[list, list[ShardResult], float]:
+        g = self.cfg.trainer.group_size
+        reqs: dict[str, list[RolloutRequest]] = {}
+        for k, ex in enumerate(prompts):
+            pid = f"gsm8k-train-{ex.index}"
+            ids = self.tokenizer.encode(format_prompt(ex.question)).ids
+            reqs[pid] = [
+                RolloutRequest(
+                    f"s{step}-p{k}-g{j}",
+                    pid,
+                    ids,
+                    seed=self.cfg.run.seed * 7_919 + step * 100_003 + k * 101 + j,
+                )
+                for j in range(g)
+            ]
+        shards = assign_groups([(pid, self.lengths.predict(pid)) for pid in reqs], len(self.rollout))
+        t0 = time.perf_counter()
+        results: list[ShardResult] = self.rollout.call_all(
+            "rollout", [([r for pid in shard for r in reqs[pid]],) for shard in shards]
+        )
+        return reqs, results, time.perf_counter() - t0
+
+    def step(self, step: int) -> dict:
+        cfg = self.cfg
+        t_step = time.perf_counter()
+        prompts = self._next_prompts()
+        by_pid = {f"gsm8k-train-{ex.index}": ex for ex in prompts}
+        reqs, results, rollout_s = self._rollout(step, prompts)
+
+        t0 = time.perf_counter()
+        outputs = {o.request_id: o for res in results for o in res.outputs}
+        groups: list[list] = []
+        for pid, rs in reqs.items():
+            group = []
+            for r in rs:
+                o = outputs[r.request_id]
+                rb = gsm8k_reward(o.text or "", by_pid[pid].answer, cfg.trainer.format_reward)
+                group.append((r, o, rb))
+                self.lengths.update(pid, len(o.token_ids))
+            groups.append(group)
+        import torch
+
+        from services.policy_trainer.grpo import group_advantages
+
+        rewards = torch.tensor([[rb.total for _, _, rb in grp] for grp in groups])
+        adv = group_advantages(rewards, eps=cfg.trainer.adv_eps, scale_by_std=cfg.trainer.scale_adv_by_std)
+        samples = [
+            dict(prompt_ids=r.prompt_ids, response_ids=o.token_ids, advantage=float(adv[i, j]))
+            for i, grp in enumerate(groups)
+            for j, (r, o, _) in enumerate(grp)
+        ]
+        reward_s = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        stats = self.trainer.call(0, "train_step", samples)
+        train_s = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        version = int(stats["version"])
+        state = self.trainer.call(0, "policy_state_dict")
+        if cfg.ray.use_ray:
+            import ray
+
+            state = ray.put(state)
+        self.rollout.call_all("load_weights", [(state, version)] * len(self.rollout))
+        sync_s = time.perf_counter() - t0
+
+        lens = [len(o.token_ids) for grp in groups for _, o, _ in grp]
+        all_rb = [rb for grp in groups for _, _, rb in grp]
+        self.lengths_per_step.append(lens)
+        finish_times = [res.finished_at for res in results]
+        end = max(finish_times)
+        row = {
+            "step": step,
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std(unbiased=False)),
+            "accuracy": float(np.mean([rb.correct for rb in all_rb])),
+            "format_rate": float(np.mean([rb.format > 0 for rb in all_rb]))
+            if cfg.trainer.format_reward > 0
+            else None,
+            **length_stats(lens),
+            "truncated_fraction": float(np.mean([o.finish_reason == "length" for o in outputs.values()])),
+            "tokens_generated": int(sum(lens)),
+            "rollout_seconds": rollout_s,
+            "rollout_tokens_per_second": sum(lens) / max(rollout_s, 1e-9),
+            "reward_seconds": reward_s,
+            "train_seconds": train_s,
+            "weight_sync_seconds": sync_s,
+            "step_seconds": time.perf_counter() - t_step,
+            "policy_version": version,
+            "loss": stats["loss"],
+            "clip_fraction": stats["clip_fraction"],
+            "kl_mean": stats["kl_mean"],
+            "grad_norm": stats["grad_norm"],
+            "workers": [
+                {
+                    "worker": res.worker,
+                    "requests": len(res.outputs),
+                    "tokens": int(sum(len(o.token_ids) for o in res.outputs)),
+                    "rollout_seconds": res.finished_at - res.started_at,
+                    "idle_seconds": end - res.finished_at,
+                }
+                for res in results
+            ],
+        }
+        return row
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> dict:
+        cfg = self.cfg
+        writer = RunWriter(self.run_dir)
+        writer.write_config(to_yaml(cfg))
+        self.log(f"run directory: {self.run_dir}")
+        t_run = time.perf_counter()
+        self._start_services()
+        try:
+            progress = _Progress(self.console, cfg.trainer.steps)
+            for step in range(1, cfg.trainer.steps + 1):
+                row = self.step(step)
+                writer.append_metrics(row)
+                self.rows.append(row)
+                progress.update(row)
+            progress.close()
+            ckpt = None
+            if cfg.trainer.save_checkpoint:
+                ckpt = self.run_dir / "checkpoints" / "policy"
+                self.trainer.call(0, "save_checkpoint", str(ckpt))
+                _copy_tokenizer(self.model_path, ckpt)
+        finally:
+            self._stop_services()
+        plot_response_lengths(
+            self.lengths_per_step, self.run_dir / "plots" / "response_length.png", cfg.rollout.max_new_tokens
+        )
+        plot_curves(
+            self.rows,
+            ["reward_mean", "accuracy", "response_len_mean", "rollout_seconds"],
+            self.run_dir / "plots" / "training_curves.png",
+            "GRPO on GSM8K",
+        )
+        summary = self._summary(time.perf_counter() - t_run, ckpt)
+        writer.write_summary(summary)
+        _print_table(self.console, self.rows, summary)
+        return summary
+
+    def _summary(self, wall: float, ckpt) -> dict:
+        rows = self.rows
+        return {
+            "run_dir": str(self.run_dir),
+            "steps": len(rows),
+            "reward_mean_first": rows[0]["reward_mean"],
+            "reward_mean_last": rows[-1]["reward_mean"],
+            "accuracy_first": rows[0]["accuracy"],
+            "accuracy_last": rows[-1]["accuracy"],
+            "rollout_seconds_total": sum(r["rollout_seconds"] for r in rows),
+            "train_seconds_total": sum(r["train_seconds"] for r in rows),
+            "step_seconds_total": sum(r["step_seconds"] for r in rows),
+            "tokens_generated_total": sum(r["tokens_generated"] for r in rows),
+            "response_len_max": max(r["response_len_max"] for r in rows),
+            "wall_seconds": wall,
+            "policy_version": rows[-1]["policy_version"],
+            "base_model": str(self.model_path),
+            "dataset": str(
+                (Path(self.cfg.data.dir) if self.cfg.data.dir else default_dataset_dir())
+                / self.cfg.data.train_file
+            ),
+            "checkpoint": str(ckpt) if ckpt else None,
+        }
+
+
+def _copy_tokenizer(src: Path, dst: Path) -> None:
+    import shutil
+
+    for name in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "generation_config.json",
+    ):
+        if (src / name).is_file():
+            shutil.copy(src / name, dst / name)
+
+
+class _Progress:
+    """One progress line per RL step (rich when available, plain print otherwise)."""
+
+    def __init__(self, console, total: int):
+        self.console, self.total = console, total
+
+    def update(self, r: dict) -> None:
+        msg = (
+            f"step {r['step']}/{self.total}  reward {r['reward_mean']:.3f}  acc {r['accuracy']:.3f}  "
+            f"len p50/p90/max {r['response_len_p50']:.0f}/{r['response_len_p90']:.0f}/{r['response_len_max']}  "
+            f"rollout {r['rollout_seconds']:.1f}s  train {r['train_seconds']:.1f}s  "
+            f"step {r['step_seconds']:.1f}s  v{r['policy_version']}"
+        )
+        (self.console.print if self.console is not None else print)(msg)
+
+    def close(self) -> None:
+        pass
+
+
+def _print_table(console, rows: list[dict], summary: dict) -> None:
+    cols = [
+        "step",
+        "reward_mean",
+        "accuracy",
+        "response_len_p50",
+        "response_len_p90",
+        "response_len_max",
+        "tokens_generated",
+        "rollout_seconds",
+        "train_seconds",
+        "step_seconds",
+    ]
+    try:
+        from rich.table import Table
+
+        t = Table(title=f"tailspec run — {summary['run_dir']}")
+        for c in cols:
+            t.add_column(c, justify="right")
+        for r in rows:
+            t.add_row(*[f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols])
+        (console.print if console is not None else print)(t)
+    except ImportError:  # pragma: no cover
+        for r in rows:
+            print({c: r[c] for c in cols})
+    print(f"summary: {os.path.join(summary['run_dir'], 'summary.json')}")

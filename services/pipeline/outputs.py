@@ -1,0 +1,118 @@
+"""Run outputs: ``runs/<run_id>/{config.yaml, metrics.jsonl, summary.json, plots/*.png, checkpoints/}``.
+
+``summary.json`` is written last, atomically, and only when the run succeeds; ``metrics.jsonl`` gets one
+JSON object per RL step, flushed as the step ends so a crashed run keeps its history.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def new_run_id(name: str) -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{os.getpid()}"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class RunWriter:
+    def __init__(self, run_dir: Path):
+        self.dir = Path(run_dir)
+        if (self.dir / "summary.json").exists():
+            raise FileExistsError(f"run directory {self.dir} already holds a finished run (summary.json)")
+        (self.dir / "plots").mkdir(parents=True, exist_ok=True)
+        (self.dir / "checkpoints").mkdir(exist_ok=True)
+        self.metrics_path = self.dir / "metrics.jsonl"
+        self.metrics_path.write_text("")
+
+    def write_config(self, yaml_text: str) -> None:
+        atomic_write_text(self.dir / "config.yaml", yaml_text)
+
+    def append_metrics(self, row: dict) -> None:
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(row, default=_jsonable) + "\n")
+            f.flush()
+
+    def write_summary(self, summary: dict) -> None:
+        atomic_write_text(self.dir / "summary.json", json.dumps(summary, indent=2, default=_jsonable) + "\n")
+
+    def write_json(self, name: str, obj) -> None:
+        atomic_write_text(self.dir / name, json.dumps(obj, indent=2, default=_jsonable) + "\n")
+
+
+def _jsonable(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON serializable: {type(o)}")
+
+
+def length_stats(lengths: list[int]) -> dict:
+    a = np.asarray(lengths, dtype=float) if lengths else np.zeros(1)
+    return {
+        "response_len_mean": float(a.mean()),
+        "response_len_p50": float(np.percentile(a, 50)),
+        "response_len_p90": float(np.percentile(a, 90)),
+        "response_len_max": int(a.max()),
+    }
+
+
+def plot_response_lengths(
+    lengths_per_step: list[list[int]], path: Path, max_new_tokens: int | None = None
+) -> None:
+    """Histogram of response lengths per RL step (one row per step) plus p50/p90/max markers: the tail shows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(lengths_per_step)
+    fig, axes = plt.subplots(n, 1, figsize=(7, 1.3 + 1.1 * n), sharex=True, squeeze=False)
+    top = max((max(x) for x in lengths_per_step if x), default=1)
+    bins = np.linspace(0, top + 1, 40)
+    for i, (ax, lens) in enumerate(zip(axes[:, 0], lengths_per_step)):
+        ax.hist(lens, bins=bins, color="tab:blue", alpha=0.8)
+        if lens:
+            for q, c in ((50, "tab:green"), (90, "tab:orange")):
+                ax.axvline(np.percentile(lens, q), color=c, lw=1.2, label=f"p{q}")
+            ax.axvline(max(lens), color="tab:red", lw=1.2, label="max")
+        if max_new_tokens:
+            ax.axvline(max_new_tokens, color="gray", ls=":", lw=1)
+        ax.set_ylabel(f"step {i + 1}", rotation=0, ha="right", va="center")
+        ax.set_yticks([])
+        if i == 0:
+            ax.legend(loc="upper right", fontsize=7, ncol=3)
+    axes[-1, 0].set_xlabel("response length (tokens)")
+    fig.suptitle("Response length per RL step (long tail: p90 and max vs median)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_curves(rows: list[dict], keys: list[str], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.6 * len(keys), 3), squeeze=False)
+    steps = [r["step"] for r in rows]
+    for ax, k in zip(axes[0], keys):
+        ax.plot(steps, [r.get(k, np.nan) for r in rows], marker="o")
+        ax.set_title(k, fontsize=9)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
