@@ -43,3 +43,18 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster for the whole session, in its own short temp dir (Unix socket path limits)."""
+    import shutil
+    import tempfile
+
+    import ray
+
+    tmp = tempfile.mkdtemp(prefix="tsray", dir="/tmp")
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tmp, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
