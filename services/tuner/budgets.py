@@ -1,0 +1,271 @@
+"""Length-aware draft budgets, after DAS (arXiv 2511.13841, "Distribution-Aware Speculative decoding").
+
+In RL rollouts the same problems come back step after step, and a problem's past response lengths predict
+its future ones. The long responses are the tail that decides the rollout's makespan, so they get the
+largest draft budgets and are served first when draft tokens are scarce.
+
+Contract
+--------
+- ``LengthHistory`` keeps, per ``problem_id``, the last ``cfg.history`` response lengths (tokens) and gives
+  their ``mean`` and ``max``. The predicted length of a problem is
+  ``(1 - cfg.max_weight) * mean + cfg.max_weight * max`` (the max says the problem *can* run long).
+- ``classify(problem_id, generated=0)`` -> ``"long" | "medium" | "short"``:
+
+  - thresholds are ``cfg.long_threshold`` / ``cfg.short_threshold`` (tokens) when set, else the
+    ``cfg.long_quantile`` / ``cfg.short_quantile`` quantiles of all known problems' predicted lengths
+    (needs ``cfg.min_problems`` known problems; with fewer, and no fixed threshold, every problem is
+    ``medium``);
+  - predicted >= long threshold -> ``long``; predicted <= short threshold -> ``short``; else ``medium``;
+  - an unknown problem is ``medium``; a request that has already generated at least the long threshold is
+    ``long`` whatever its history says (online evidence; ``generated`` is optional).
+- ``BudgetConfig(long, medium, short, step_quota)``: per-class draft budget (most draft tokens per request
+  and step) and the per-step draft-token quota of one engine; all integers > 0 (``TunerConfigError``
+  otherwise).
+- ``LengthBudgets.allocate(requests, quota=None)``: ``requests`` is a list of
+  ``(request_id, problem_id, requested_budget[, generated_tokens])``; ``requested_budget`` is what the
+  chosen arm asks for (its ``max_draft_tokens``; None = the class budget). Each request wants
+  ``min(requested_budget, class budget)``. The quota (``cfg.step_quota`` unless given) is handed out to long
+  requests first, then medium, then short; within a class, longest predicted first, then input order; the
+  request where the quota runs out gets the remainder (a shorter draft), later ones get 0. Returns
+  ``{request_id: budget}`` for every request.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from services.tuner.arms import TunerConfigError
+
+CLASSES = ("long", "medium", "short")
+_RANK = {c: i for i, c in enumerate(CLASSES)}
+
+
+def _pos_int(v: Any, where: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TunerConfigError(f"{where}: must be a positive integer, got {v!r}")
+    if v <= 0:
+        raise TunerConfigError(f"{where}: must be > 0, got {v}")
+    return v
+
+
+@dataclass
+class BudgetConfig:
+    """Per-class draft budgets, per-step quota, and how problems are classified (see module docstring)."""
+
+    long: int = 32
+    medium: int = 8
+    short: int = 4
+    step_quota: int = 512
+    history: int = 8
+    max_weight: float = 0.5
+    long_quantile: float = 0.75
+    short_quantile: float = 0.25
+    long_threshold: int | None = None
+    short_threshold: int | None = None
+    min_problems: int = 8
+    max_problems: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self, source: str = "config") -> None:
+        p = f"{source}: tuner.budgets"
+        for key in ("long", "medium", "short"):
+            _pos_int(getattr(self, key), f"{p}.{key} (draft budget of {key} requests)")
+        _pos_int(self.step_quota, f"{p}.step_quota (draft tokens per step)")
+        _pos_int(self.history, f"{p}.history")
+        _pos_int(self.min_problems, f"{p}.min_problems")
+        _pos_int(self.max_problems, f"{p}.max_problems")
+        mw = self.max_weight
+        if isinstance(mw, bool) or not isinstance(mw, (int, float)) or not 0.0 <= mw <= 1.0:
+            raise TunerConfigError(f"{p}.max_weight: must be a number in [0, 1], got {mw!r}")
+        for key in ("long_quantile", "short_quantile"):
+            q = getattr(self, key)
+            if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0.0 < q < 1.0:
+                raise TunerConfigError(f"{p}.{key}: must be a number in (0, 1), got {q!r}")
+        if self.short_quantile >= self.long_quantile:
+            raise TunerConfigError(
+                f"{p}: short_quantile ({self.short_quantile}) must be below long_quantile ({self.long_quantile})"
+            )
+        for key in ("long_threshold", "short_threshold"):
+            if getattr(self, key) is not None:
+                _pos_int(getattr(self, key), f"{p}.{key} (tokens)")
+        if (
+            self.long_threshold is not None
+            and self.short_threshold is not None
+            and self.short_threshold >= self.long_threshold
+        ):
+            raise TunerConfigError(
+                f"{p}: short_threshold ({self.short_threshold}) must be below long_threshold ({self.long_threshold})"
+            )
+
+    def budget(self, cls: str) -> int:
+        return {"long": self.long, "medium": self.medium, "short": self.short}[cls]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None, source: str = "config") -> BudgetConfig:
+        d = dict(d or {})
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(str(k) for k in d if k not in known)
+        if unknown:
+            raise TunerConfigError(
+                f"{source}: tuner.budgets: unknown key(s) {unknown}; allowed: {sorted(known)}"
+            )
+        try:
+            cfg = cls(**d)
+        except TunerConfigError as e:
+            msg = str(e)
+            if source != "config" and msg.startswith("config: "):
+                msg = f"{source}: " + msg[len("config: ") :]
+            raise TunerConfigError(msg) from None
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _quantile(sorted_xs: Sequence[float], q: float) -> float:
+    n = len(sorted_xs)
+    pos = q * (n - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, n - 1)
+    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
+
+
+class LengthHistory:
+    """Per-problem recent response lengths and the long / medium / short classification."""
+
+    def __init__(self, cfg: BudgetConfig | None = None) -> None:
+        self.cfg = cfg if cfg is not None else BudgetConfig()
+        self._lengths: OrderedDict[str, deque[int]] = OrderedDict()
+        self._thresholds: tuple[float | None, float | None] | None = None  # cache, None = stale
+
+    def record(self, problem_id: str, length: int) -> None:
+        """A response to ``problem_id`` finished with ``length`` generated tokens."""
+        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+            raise ValueError(f"length must be a non-negative integer, got {length!r}")
+        q = self._lengths.get(problem_id)
+        if q is None:
+            q = self._lengths[problem_id] = deque(maxlen=self.cfg.history)
+            while len(self._lengths) > self.cfg.max_problems:
+                self._lengths.popitem(last=False)  # forget the problem seen longest ago
+        else:
+            self._lengths.move_to_end(problem_id)
+        q.append(length)
+        self._thresholds = None
+
+    def record_many(self, items: Iterable[tuple[str, int]]) -> None:
+        for pid, n in items:
+            self.record(pid, n)
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    def __contains__(self, problem_id: object) -> bool:
+        return problem_id in self._lengths
+
+    def mean(self, problem_id: str) -> float | None:
+        q = self._lengths.get(problem_id)
+        return sum(q) / len(q) if q else None
+
+    def max(self, problem_id: str) -> int | None:
+        q = self._lengths.get(problem_id)
+        return max(q) if q else None
+
+    def predicted(self, problem_id: str) -> float | None:
+        """``(1 - max_weight) * mean + max_weight * max`` of the problem's recent lengths; None if unknown."""
+        q = self._lengths.get(problem_id)
+        if not q:
+            return None
+        w = self.cfg.max_weight
+        return (1.0 - w) * (sum(q) / len(q)) + w * max(q)
+
+    def thresholds(self) -> tuple[float | None, float | None]:
+        """``(long_threshold, short_threshold)`` in tokens; a None side means that class is not assigned."""
+        if self._thresholds is None:
+            long_t: float | None = self.cfg.long_threshold
+            short_t: float | None = self.cfg.short_threshold
+            if (long_t is None or short_t is None) and len(self._lengths) >= self.cfg.min_problems:
+                preds = sorted(self.predicted(p) for p in self._lengths)  # type: ignore[type-var]
+                if long_t is None:
+                    long_t = _quantile(preds, self.cfg.long_quantile)
+                if short_t is None:
+                    short_t = _quantile(preds, self.cfg.short_quantile)
+                if long_t <= short_t:  # all problems equally long: nobody is long or short
+                    long_t = short_t = None
+            self._thresholds = (long_t, short_t)
+        return self._thresholds
+
+    def classify(self, problem_id: str, generated: int = 0) -> str:
+        long_t, short_t = self.thresholds()
+        if long_t is not None and generated >= long_t:
+            return "long"
+        pred = self.predicted(problem_id)
+        if pred is None:
+            return "medium"
+        if long_t is not None and pred >= long_t:
+            return "long"
+        if short_t is not None and pred <= short_t:
+            return "short"
+        return "medium"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"lengths": {p: list(q) for p, q in self._lengths.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._lengths.clear()
+        for p, lengths in state.get("lengths", {}).items():
+            for n in lengths:
+                self.record(str(p), int(n))
+
+
+class LengthBudgets:
+    """Per-step draft budgets per request: class budgets and the quota, long requests first."""
+
+    def __init__(self, cfg: BudgetConfig | None = None, history: LengthHistory | None = None) -> None:
+        self.cfg = cfg if cfg is not None else BudgetConfig()
+        self.history = history if history is not None else LengthHistory(self.cfg)
+
+    def classify(self, problem_id: str, generated: int = 0) -> str:
+        return self.history.classify(problem_id, generated)
+
+    def allocate(self, requests: Sequence[Sequence[Any]], quota: int | None = None) -> dict[str, int]:
+        """``{request_id: draft budget}`` for one decode step (see the module docstring for the rule)."""
+        if quota is None:
+            quota = self.cfg.step_quota
+        if isinstance(quota, bool) or not isinstance(quota, int) or quota < 0:
+            raise ValueError(f"quota must be a non-negative integer, got {quota!r}")
+        rows = []
+        seen: set[str] = set()
+        for i, req in enumerate(requests):
+            if len(req) not in (3, 4):
+                raise ValueError(
+                    f"requests[{i}]: expected (request_id, problem_id, requested_budget[, generated]), got {req!r}"
+                )
+            rid, pid, want = req[0], req[1], req[2]
+            generated = int(req[3]) if len(req) == 4 and req[3] is not None else 0
+            if rid in seen:
+                raise ValueError(f"requests[{i}]: duplicate request_id {rid!r}")
+            seen.add(rid)
+            cls = self.history.classify(pid, generated)
+            cap = self.cfg.budget(cls)
+            if want is None:
+                want = cap
+            elif isinstance(want, bool) or not isinstance(want, int) or want < 0:
+                raise ValueError(
+                    f"requests[{i}]: requested_budget must be an integer >= 0 or None, got {want!r}"
+                )
+            pred = self.history.predicted(pid)
+            rows.append((_RANK[cls], -max(pred or 0.0, float(generated)), i, rid, min(want, cap)))
+        rows.sort()
+        out: dict[str, int] = {}
+        left = quota
+        for _, _, _, rid, want in rows:
+            give = min(want, left)
+            out[rid] = give
+            left -= give
+        return {req[0]: out[req[0]] for req in requests}

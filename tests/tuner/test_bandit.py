@@ -1,0 +1,299 @@
+"""Unit behaviour of the bucketed bandit: buckets, choice order, the regret guard's life cycle, config errors,
+and the in-process TablePolicy."""
+
+import math
+
+import pytest
+
+from services.tuner.arms import OFF, Arm, TunerConfigError, default_arms
+from services.tuner.bandit import BanditConfig, BucketedBandit, TablePolicy
+
+SUFFIX = Arm.from_name("suffix-k8-w1")
+NGRAM = Arm.from_name("ngram-k3-w1")
+LEARNED = Arm.from_name("learned-k4-w1")
+HYBRID = Arm.from_name("hybrid-k8-w1")
+
+
+def feed(bandit, arm, n, rate, seconds=0.1, batch=1):
+    for _ in range(n):
+        bandit.observe(batch, arm, rate * seconds, seconds)
+
+
+def test_bucket_of():
+    bandit = BucketedBandit(cfg=BanditConfig(bucket_edges=[1, 2, 4, 8, 16, 32, 64, 128, 256]))
+    assert [bandit.bucket_of(b) for b in (0, 1, 2, 3, 4, 7, 8, 63, 64, 255, 256, 10**6)] == [
+        0, 0, 1, 1, 2, 2, 3, 5, 6, 7, 8, 8,
+    ]  # fmt: skip
+    assert bandit.bucket_range(1) == (2, 4)
+    assert bandit.bucket_range(8) == (256, None)
+    with pytest.raises(ValueError, match="batch_size"):
+        bandit.bucket_of(-1)
+    assert BucketedBandit(cfg=BanditConfig(bucket_edges=[4, 16])).bucket_of(2) == 0
+
+
+def test_default_arms_and_off_always_present():
+    bandit = BucketedBandit()
+    assert bandit.arms == default_arms()
+    assert BucketedBandit([SUFFIX]).arms == [OFF, SUFFIX]
+
+
+def test_untried_first_then_greedy_and_exploration():
+    bandit = BucketedBandit([OFF, SUFFIX, NGRAM], BanditConfig(epsilon=0.0))
+    tried = []
+    for _ in range(3):
+        arm = bandit.choose(1)
+        tried.append(arm.name)
+        feed(bandit, arm, 1, {"off": 100, "suffix-k8-w1": 300, "ngram-k3-w1": 200}[arm.name])
+    assert tried == ["off", "suffix-k8-w1", "ngram-k3-w1"]  # config order
+    assert all(bandit.choose(1) == SUFFIX for _ in range(50))  # greedy on the median
+    # another bucket starts untried again
+    assert bandit.choose(8) == OFF
+    # epsilon = 1: always one of the other eligible arms, never the best
+    bandit.cfg.epsilon = 1.0
+    picks = {bandit.choose(1).name for _ in range(200)}
+    assert picks == {"off", "ngram-k3-w1"}
+    st = bandit.stats()["buckets"][0]
+    assert st["arms"]["suffix-k8-w1"]["chosen"] == 51
+    assert st["explored"] == 3 + 200
+
+
+def test_guard_life_cycle_window_turnover_probation_and_backoff():
+    cfg = BanditConfig(
+        window=8, epsilon=1.0, min_samples_for_guard=4, guard_regret_budget=1.0, fast_guard_cost=1e9, seed=1
+    )
+    bandit = BucketedBandit([OFF, SUFFIX, NGRAM], cfg)
+    feed(bandit, OFF, 4, 100)
+    feed(bandit, NGRAM, 4, 200)
+    feed(bandit, SUFFIX, 3, 50)
+    assert not bandit.is_guarded(1, SUFFIX)  # 3 < k samples
+    feed(bandit, SUFFIX, 1, 50)
+    assert bandit.is_guarded(1, SUFFIX)  # upper quartile 50 < 0.95 * 100
+    assert not bandit.is_guarded(2, SUFFIX)  # per bucket
+    # guarded: never chosen, not even by exploration (epsilon = 1 explores only off)
+    assert {bandit.choose(1).name for _ in range(100)} == {"off"}
+    table = bandit.table()["buckets"][0]
+    assert (
+        table["best"] == "ngram-k3-w1"
+        and table["explore"] == ["off"]
+        and table["guarded"] == ["suffix-k8-w1"]
+    )
+    # window turnover: guard_hold = window = 8 further observations of off lift it
+    feed(bandit, NGRAM, 50, 200)  # other arms' traffic does not count (guard_max_hold = 256)
+    feed(bandit, OFF, 7, 100)
+    assert bandit.is_guarded(1, SUFFIX)
+    feed(bandit, OFF, 1, 100)
+    assert not bandit.is_guarded(1, SUFFIX)
+    st = bandit.stats()["buckets"][0]["arms"]["suffix-k8-w1"]
+    assert st["probation"] == 2 and st["n"] == 0
+    assert bandit.table()["buckets"][0]["probe"] == ["suffix-k8-w1"]
+    assert bandit.choose(1) == SUFFIX  # probes are forced
+    # both probes still below off: guarded again, one strike, hold doubles to 16
+    feed(bandit, SUFFIX, 2, 50)
+    assert bandit.is_guarded(1, SUFFIX)
+    assert bandit.stats()["buckets"][0]["arms"]["suffix-k8-w1"]["strikes"] == 1
+    feed(bandit, OFF, 15, 100)
+    assert bandit.is_guarded(1, SUFFIX)
+    feed(bandit, OFF, 1, 100)
+    assert not bandit.is_guarded(1, SUFFIX)
+    # the drafter got better: a good probe ends probation, strikes reset, and it competes (and wins)
+    feed(bandit, SUFFIX, 1, 400)
+    st = bandit.stats()["buckets"][0]["arms"]["suffix-k8-w1"]
+    assert st["probation"] == 0 and st["strikes"] == 0 and not st["guarded"]
+    bandit.cfg.epsilon = 0.0
+    assert bandit.choose(1) == SUFFIX
+
+
+def test_guard_max_hold_lifts_where_off_is_rarely_played():
+    cfg = BanditConfig(
+        window=8, min_samples_for_guard=4, guard_max_hold=20, guard_regret_budget=1.0, fast_guard_cost=1e9
+    )
+    bandit = BucketedBandit([OFF, SUFFIX, NGRAM], cfg)
+    feed(bandit, OFF, 4, 100)
+    feed(bandit, SUFFIX, 4, 50)
+    assert bandit.is_guarded(1, SUFFIX)
+    feed(bandit, NGRAM, 19, 300)
+    assert bandit.is_guarded(1, SUFFIX)
+    feed(bandit, NGRAM, 1, 300)
+    assert not bandit.is_guarded(1, SUFFIX)
+
+
+def test_costly_arm_is_guarded_after_two_samples_with_a_long_hold():
+    bandit = BucketedBandit([OFF, SUFFIX], BanditConfig(min_samples_for_guard=4))
+    feed(bandit, OFF, 4, 100, seconds=0.01)
+    # 10x longer steps at a fifth of off's rate: each play costs 8 off steps of extra time
+    feed(bandit, SUFFIX, 1, 20, seconds=0.1)
+    assert not bandit.is_guarded(1, SUFFIX)
+    feed(bandit, SUFFIX, 1, 20, seconds=0.1)
+    assert bandit.is_guarded(1, SUFFIX)
+    st = bandit._buckets[0].arms[SUFFIX.name]
+    assert st.hold == math.ceil(2 * 8 / 0.02)  # probe_samples * play_cost / guard_regret_budget
+    # a mildly slower arm with cheap plays waits for k samples
+    bandit2 = BucketedBandit([OFF, SUFFIX], BanditConfig(min_samples_for_guard=4))
+    feed(bandit2, OFF, 4, 100)
+    feed(bandit2, SUFFIX, 3, 80)
+    assert not bandit2.is_guarded(1, SUFFIX)
+    feed(bandit2, SUFFIX, 1, 80)
+    assert bandit2.is_guarded(1, SUFFIX)
+
+
+def test_no_guard_before_off_has_k_samples_and_off_never_guarded():
+    bandit = BucketedBandit([OFF, SUFFIX], BanditConfig(min_samples_for_guard=4))
+    feed(bandit, OFF, 3, 100)
+    feed(bandit, SUFFIX, 10, 10)
+    assert not bandit.is_guarded(1, SUFFIX)
+    feed(bandit, OFF, 1, 100)  # off's 4th sample re-checks the others
+    assert bandit.is_guarded(1, SUFFIX)
+    feed(bandit, OFF, 100, 1)
+    assert not bandit.is_guarded(1, OFF)
+
+
+def test_close_arm_is_not_guarded():
+    bandit = BucketedBandit([OFF, SUFFIX], BanditConfig(min_samples_for_guard=4, guard_margin=0.05))
+    for i in range(40):
+        feed(bandit, OFF, 1, 100 + (i % 5))
+        feed(bandit, SUFFIX, 1, [99, 95, 102, 97, 101, 94, 100, 96, 98][i % 9])  # a few % below off
+        assert not bandit.is_guarded(1, SUFFIX)
+
+
+def test_ucb_guard_rule():
+    cfg = BanditConfig(guard_rule="ucb", min_samples_for_guard=6, fast_guard_cost=1e9, guard_z=2.0)
+    bandit = BucketedBandit([OFF, SUFFIX, NGRAM], cfg)
+    for i in range(6):
+        feed(bandit, OFF, 1, 100 + 2 * (i % 3))
+        feed(bandit, SUFFIX, 1, 60 + 5 * (i % 3))  # clearly below
+        feed(bandit, NGRAM, 1, [40, 160, 90][i % 3])  # mean below off but too noisy to be sure
+    assert bandit.is_guarded(1, SUFFIX)
+    assert not bandit.is_guarded(1, NGRAM)
+
+
+def test_reset_arms_after_new_drafter_version():
+    arms = [OFF, SUFFIX, LEARNED, HYBRID]
+    bandit = BucketedBandit(arms, BanditConfig(min_samples_for_guard=2, fast_guard_cost=1e9))
+    for b in (1, 64):
+        feed(bandit, OFF, 2, 100, batch=b)
+        for arm in (SUFFIX, LEARNED, HYBRID):
+            feed(bandit, arm, 2, 10, batch=b)
+            assert bandit.is_guarded(b, arm)
+    assert bandit.reset_arms("learned") == 2 * len(bandit.edges)  # learned and hybrid, every bucket
+    for b in (1, 64):
+        assert not bandit.is_guarded(b, LEARNED) and not bandit.is_guarded(b, HYBRID)
+        assert bandit.is_guarded(b, SUFFIX)
+    assert bandit.choose(1) == LEARNED  # untried again: tried first
+    bandit.reset_arms()
+    assert not bandit.is_guarded(1, SUFFIX)
+    assert bandit.stats()["buckets"][0]["arms"]["off"]["n"] == 2  # off's evidence is kept
+
+
+def test_observe_validation():
+    bandit = BucketedBandit([OFF, SUFFIX])
+    with pytest.raises(KeyError, match="unknown arm 'medusa-k4-w1'"):
+        bandit.observe(1, "medusa-k4-w1", 3, 0.1)
+    with pytest.raises(ValueError, match="seconds"):
+        bandit.observe(1, OFF, 3, 0.0)
+    with pytest.raises(ValueError, match="committed_tokens"):
+        bandit.observe(1, OFF, -1, 0.1)
+    with pytest.raises(ValueError, match="committed_tokens"):
+        bandit.observe(1, OFF, float("nan"), 0.1)
+    bandit.observe(1, "suffix-k8-w1", 3, 0.1)  # names work as well as Arm objects
+    assert bandit.estimate(1, SUFFIX) == pytest.approx(30.0)
+    assert math.isnan(bandit.estimate(1, OFF))
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"bucket_edges": []}, "bucket_edges: must list at least one"),
+        ({"bucket_edges": [1, 4, 4]}, "strictly increasing"),
+        ({"bucket_edges": [0, 4]}, "bucket_edges[0]: must be an integer >= 1"),
+        ({"window": 0}, "window: must be an integer >= 1"),
+        ({"epsilon": 1.5}, "epsilon: must be a number in [0.0, 1.0]"),
+        ({"epsilon": -0.1}, "epsilon"),
+        ({"guard_margin": 1.0}, "guard_margin"),
+        ({"guard_quantile": 0.0}, "guard_quantile"),
+        ({"guard_rule": "thompson"}, "guard_rule: unknown rule 'thompson'"),
+        ({"estimator": "mean"}, "estimator: unknown estimator 'mean'"),
+        ({"min_samples_for_guard": 0}, "min_samples_for_guard"),
+        ({"probe_samples": 0}, "probe_samples"),
+        ({"guard_regret_budget": 0}, "guard_regret_budget"),
+        ({"trim": 0.5}, "trim"),
+        ({"seed": "x"}, "seed"),
+    ],
+)
+def test_bandit_config_errors(kwargs, fragment):
+    with pytest.raises(TunerConfigError) as ei:
+        BanditConfig(**kwargs)
+    assert fragment in str(ei.value)
+    assert str(ei.value).startswith("config: tuner.bandit")
+
+
+def test_bandit_config_from_dict():
+    cfg = BanditConfig.from_dict({"epsilon": 0.2, "bucket_edges": (1, 8, 64)}, source="run.yaml")
+    assert cfg.epsilon == 0.2 and cfg.bucket_edges == [1, 8, 64] and cfg.window == 64
+    with pytest.raises(TunerConfigError, match=r"run.yaml: tuner.bandit: unknown key\(s\) \['epsilom'\]"):
+        BanditConfig.from_dict({"epsilom": 0.2}, source="run.yaml")
+    with pytest.raises(TunerConfigError, match="run.yaml: tuner.bandit.window"):
+        BanditConfig.from_dict({"window": -3}, source="run.yaml")
+    assert BanditConfig.from_dict(BanditConfig(window=7).to_dict()).window == 7
+
+
+# ---------------------------------------------------------------------------------------------- TablePolicy
+def _trained_bandit():
+    bandit = BucketedBandit([OFF, SUFFIX, NGRAM, LEARNED], BanditConfig(min_samples_for_guard=2))
+    feed(bandit, OFF, 4, 100)
+    feed(bandit, SUFFIX, 4, 300)
+    feed(bandit, NGRAM, 4, 200)
+    feed(bandit, LEARNED, 4, 10)  # guarded in bucket 0
+    return bandit
+
+
+def test_table_policy_follows_the_table():
+    bandit = _trained_bandit()
+    table = bandit.table()
+    assert table["buckets"][0]["best"] == "suffix-k8-w1"
+    assert table["buckets"][0]["guarded"] == ["learned-k4-w1"]
+    policy = TablePolicy(table, epsilon=0.0)
+    assert {policy.choose(1).name for _ in range(20)} == {"suffix-k8-w1"}
+    policy = TablePolicy(table, epsilon=1.0, seed=3)
+    assert {policy.choose(1).name for _ in range(100)} == {"off", "ngram-k3-w1"}  # never the guarded arm
+    # bucket 6 is untried: each arm is probed once per table version, then the (default) best, off
+    policy = TablePolicy(table, epsilon=0.0)
+    assert [policy.choose(64).name for _ in range(6)] == [
+        "off", "suffix-k8-w1", "ngram-k3-w1", "learned-k4-w1", "off", "off",
+    ]  # fmt: skip
+    policy.update(bandit.table())
+    assert policy.choose(64).name == "off" and policy.choose(64).name == "suffix-k8-w1"
+
+
+def test_table_policy_observations_round_trip_to_the_bandit():
+    bandit = _trained_bandit()
+    policy = TablePolicy(bandit.table(), seed=0, max_pending=1000)
+    for _ in range(200):
+        arm = policy.choose(1)
+        policy.observe(1, arm, 10.0, 0.05)
+    obs = policy.drain_observations()
+    assert len(obs) == 200 and policy.drain_observations() == []
+    assert set(obs[0]) == {"batch_size", "arm", "committed_tokens", "seconds", "explored", "table_version"}
+    n_explored = sum(o["explored"] for o in obs)
+    assert 5 <= n_explored <= 40  # epsilon 0.1 from the table
+    before = bandit.stats()
+    assert bandit.merge(obs + [{"batch_size": 1, "arm": "nope", "committed_tokens": 1, "seconds": 1}]) == 200
+    after = bandit.stats()
+    assert after["dropped"] == 1
+    assert after["chosen"] - before["chosen"] == 200
+    assert after["explored"] - before["explored"] == n_explored
+
+
+def test_table_policy_bounded_buffer_and_bad_tables():
+    bandit = _trained_bandit()
+    policy = TablePolicy(bandit.table(), max_pending=10)
+    for _ in range(15):
+        policy.observe(1, OFF, 1, 0.01)
+    assert len(policy.drain_observations()) == 10 and policy.dropped == 5
+    table = bandit.table()
+    table["buckets"][0]["best"] = "medusa-k4-w1"
+    with pytest.raises(TunerConfigError, match="unknown arm 'medusa-k4-w1'"):
+        TablePolicy(table)
+    with pytest.raises(TunerConfigError, match="malformed"):
+        TablePolicy({"buckets": []})
+    with pytest.raises(TunerConfigError, match="epsilon"):
+        TablePolicy(bandit.table(), epsilon=2.0)
