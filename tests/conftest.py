@@ -10,7 +10,9 @@ import torch
 from services.common.config import REPO_ROOT
 from services.rollout_actor.model import ModelConfig, Transformer, init_weights
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# One intra-op thread: tiny models gain nothing from two, and on a loaded 2-core box OpenMP thread
+# hand-offs make small ops up to 100x slower.
+torch.set_num_threads(1)
 
 BASE_POLICY = REPO_ROOT / "services" / "pipeline" / "assets" / "base_policy"
 GSM8K_DIR = REPO_ROOT.parent / "shared" / "datasets" / "gsm8k"

@@ -75,6 +75,8 @@ class SpeculativeConfig:
     max_draft_tokens: int = 8
     tree_width: int = 1
     tree_depth: int = 0
+    # rollout_speedup_vs_plain: replay this many of each step's prompts (x G) with speculation off and on
+    speedup_sample_prompts: int = 2
 
 
 @dataclass

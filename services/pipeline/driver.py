@@ -161,7 +161,11 @@ class RLDriver:
             cfg.ray.use_ray,
             num_cpus=cfg.rollout.threads_per_actor,
             kwargs_list=[
-                dict(max_batch_size=cfg.rollout.max_batch_size, threads=cfg.rollout.threads_per_actor)
+                dict(
+                    max_batch_size=cfg.rollout.max_batch_size,
+                    threads=cfg.rollout.threads_per_actor,
+                    speculative=asdict(cfg.rollout.speculative),
+                )
                 for _ in range(n)
             ],
         )
@@ -211,10 +215,18 @@ class RLDriver:
             ]
         shards = assign_groups([(pid, self.lengths.predict(pid)) for pid in reqs], len(self.rollout))
         t0 = time.perf_counter()
+        spec = self.cfg.rollout.speculative
+        measure = spec.enabled and spec.speedup_sample_prompts > 0
         results: list[ShardResult] = self.rollout.call_all(
-            "rollout", [([r for pid in shard for r in reqs[pid]],) for shard in shards]
+            "rollout", [([r for pid in shard for r in reqs[pid]], step, measure) for shard in shards]
         )
-        return reqs, results, time.perf_counter() - t0
+        rollout_s = time.perf_counter() - t0
+        self.speedup = None
+        if measure:
+            # replay a fixed sample (the first groups of worker 0's shard) with speculation off and on
+            sample = [r for pid in shards[0][: spec.speedup_sample_prompts] for r in reqs[pid]]
+            self.speedup = self.rollout.call(0, "measure_speedup", sample)
+        return reqs, results, rollout_s
 
     def step(self, step: int) -> dict:
         cfg = self.cfg
@@ -288,6 +300,7 @@ class RLDriver:
             "clip_fraction": stats["clip_fraction"],
             "kl_mean": stats["kl_mean"],
             "grad_norm": stats["grad_norm"],
+            **self._spec_metrics(list(outputs.values())),
             "workers": [
                 {
                     "worker": res.worker,
@@ -300,6 +313,21 @@ class RLDriver:
             ],
         }
         return row
+
+    def _spec_metrics(self, outputs: list) -> dict:
+        if not self.cfg.rollout.speculative.enabled:
+            return {}
+        from services.rollout_actor.speculative.stats import aggregate
+
+        m = aggregate(outputs)
+        m["strategy"] = self.cfg.rollout.speculative.drafter
+        if self.speedup:
+            m["rollout_speedup_vs_plain"] = self.speedup["speedup"]
+            m["speedup_measurement"] = {
+                "method": "replayed sample, speculation off vs on, same worker",
+                **self.speedup,
+            }
+        return m
 
     # ------------------------------------------------------------------ the run
     def run(self) -> dict:
@@ -360,6 +388,29 @@ class RLDriver:
                 / self.cfg.data.train_file
             ),
             "checkpoint": str(ckpt) if ckpt else None,
+            **self._spec_summary(),
+        }
+
+    def _spec_summary(self) -> dict:
+        rows = [r for r in self.rows if "drafted_tokens" in r]
+        if not rows:
+            return {}
+        from services.rollout_actor.speculative.stats import merge_drafters
+
+        drafted = sum(r["drafted_tokens"] for r in rows)
+        accepted = sum(r["accepted_tokens"] for r in rows)
+        verify = sum(r["verify_steps"] for r in rows)
+        speedups = [r["rollout_speedup_vs_plain"] for r in rows if r.get("rollout_speedup_vs_plain")]
+        return {
+            "speculative_strategy": self.cfg.rollout.speculative.drafter,
+            "drafted_tokens_total": drafted,
+            "accepted_tokens_total": accepted,
+            "acceptance_length_mean": (accepted + verify) / verify if verify else None,
+            "acceptance_rate": accepted / drafted if drafted else None,
+            "drafters": merge_drafters(rows),
+            "rollout_speedup_vs_plain": float(np.mean(speedups)) if speedups else None,
+            "rollout_speedup_vs_plain_method": "mean over steps of a replayed sample of each step's prompts, "
+            "speculation off vs on on the same worker (not the live rollout)",
         }
 
 

@@ -357,23 +357,24 @@ class Engine:
 
         n = max((len(d) for d in drafts), default=0)
         slots = torch.tensor([r.slot for r in rows])
-        ids = torch.zeros(b, n + 1, dtype=torch.long)
-        pos = torch.zeros(b, n + 1, dtype=torch.long)
-        mask = torch.zeros(b, n + 1, n + 1, dtype=torch.bool)
         base = self.cache.lengths[slots]
-        eye = torch.eye(n + 1, dtype=torch.bool)
-        for i, (r, d) in enumerate(zip(rows, drafts)):
-            ids[i, 0] = r.root
-            m = eye.clone()
-            m[:, 0] = True
-            depth = [0]
-            for j, (tok, par) in enumerate(zip(d.tokens, d.parents)):
-                ids[i, j + 1] = tok
-                node, anc = j + 1, par + 1
-                depth.append(depth[anc] + 1)
-                m[node] |= m[anc]
-            mask[i] = m
-            pos[i, : len(depth)] = base[i] + torch.tensor(depth)
+        # Inputs: the root (last sampled token, not yet cached) then the draft nodes, padded to n + 1.
+        # Chains (and padding) need no explicit mask or positions: causal order is their tree order.
+        ids = torch.tensor([[r.root, *d.tokens] + [0] * (n - len(d)) for r, d in zip(rows, drafts)])
+        pos = mask = None
+        if any(len(d) > 1 and not d.is_chain() for d in drafts):
+            depth_rows, mask_rows = [], []
+            for d in drafts:
+                depth = [0, *d.depths()] + list(range(len(d) + 1, n + 1))
+                m = [[c == 0 or c == j for c in range(n + 1)] for j in range(n + 1)]
+                for j, par in enumerate(d.parents):
+                    m[j + 1] = [x or y for x, y in zip(m[j + 1], m[par + 1])]
+                for j in range(len(d) + 1, n + 1):  # padding: causal, like a chain
+                    m[j] = [c <= j for c in range(n + 1)]
+                depth_rows.append(depth)
+                mask_rows.append(m)
+            pos = base.unsqueeze(1) + torch.tensor(depth_rows)
+            mask = torch.tensor(mask_rows)
         out = self.model(
             ids,
             positions=pos,
@@ -391,42 +392,59 @@ class Engine:
             top_k.view(-1, 1).expand(b, n + 1),
             top_p.view(-1, 1).expand(b, n + 1),
         )
-        logp_all = self._logprobs(logits, temp)
         if n == 0:
             u = draw_uniforms([r.gen for r in rows], 1).squeeze(1)
-            nxt = sample_from_probs(probs[:, 0], u)
-            paths = [[] for _ in rows]
+            nxt = sample_from_probs(probs[:, 0], u).tolist()
+            paths: list[list[int]] = [[] for _ in rows]
         else:
             from services.rollout_actor.speculative.verify import verify_tree
 
-            u = draw_uniforms([r.gen for r in rows], n + 1)
+            # each request draws len(draft) + 1 uniforms from its own generator: the count must not depend on
+            # the batch (verify.py's contract), or a request's later tokens would depend on its batch mates.
+            u = torch.zeros(b, n + 1)
+            for i, (r, d) in enumerate(zip(rows, drafts)):
+                u[i, : len(d) + 1] = torch.rand(len(d) + 1, generator=r.gen)
             res = verify_tree(probs, drafts, u, greedy=greedy)
-            nxt, paths = res.next_token, res.accepted_nodes
+            nxt, paths = res.next_token.tolist(), res.accepted_nodes
+        # rows (in this step's input) that predicted each committed token: the root, then the accepted nodes
+        rows_idx = [[0] + [p + 1 for p in path] for path in paths]
+        toks = [[d.tokens[p] for p in path] + [nxt[i]] for i, (d, path) in enumerate(zip(drafts, paths))]
+        flat_b = torch.tensor([i for i, ri in enumerate(rows_idx) for _ in ri])
+        flat_r = torch.tensor([x for ri in rows_idx for x in ri])
+        flat_t = torch.tensor([x for t in toks for x in t])
+        lp_flat = self._logprobs(logits[flat_b, flat_r], temp[flat_b]).gather(-1, flat_t.unsqueeze(-1))
+        lp_flat = lp_flat.squeeze(-1).tolist()
+        # KV: keep root + accepted nodes. A path 0, 1, 2, ... is already in place (the common case: only the
+        # length moves); a tree path is compacted into consecutive positions.
+        contiguous = [path == list(range(len(path))) for path in paths]
+        keep = torch.tensor([len(ri) if c else 0 for ri, c in zip(rows_idx, contiguous)])
+        self.cache.commit(slots, keep)
+        for r, ri, c in zip(rows, rows_idx, contiguous):
+            if not c:
+                self.cache.keep_path(r.slot, ri)
         hid = None
         if self.hidden_layers:
             hid = torch.stack([out.hidden[layer] for layer in self.hidden_layers], 2)  # [B, n+1, k, H]
 
         finished: list[RequestOutput] = []
         committed_total = drafted_total = accepted_total = 0
+        off = 0
         for i, (r, d, s) in enumerate(zip(rows, drafts, strategies)):
-            path = paths[i]
-            # rows (in the step's input) of each committed token's predecessor: root, then accepted nodes
-            rows_idx = [0] + [p + 1 for p in path]
-            self.cache.keep_path(r.slot, rows_idx)  # root + accepted nodes stay, in path order
-            toks = [d.tokens[p] for p in path] + [int(nxt[i])]
-            lps = [float(logp_all[i, rows_idx[k], toks[k]]) for k in range(len(toks))]
+            path, ri, tk = paths[i], rows_idx[i], toks[i]
+            lps = lp_flat[off : off + len(tk)]
+            off += len(tk)
             if hid is not None:
-                h = hid[i, rows_idx[-1]]
+                h = hid[i, ri[-1]]
                 r.hidden = h[0] if h.shape[0] == 1 else h
                 if self.hidden_sink is not None:
+                    # (position of input token, the token that follows it, its hidden states): EAGLE pairs
                     start = int(base[i])
-                    self.hidden_sink(
-                        r.req.request_id, list(range(start, start + len(rows_idx))), toks, hid[i, rows_idx]
-                    )
-            self._record_spec(r, d, s, len(path))
+                    self.hidden_sink(r.req.request_id, list(range(start, start + len(ri))), tk, hid[i, ri])
+            if len(d):
+                self._record_spec(r, d, s, len(path))
             r.timings.decode_steps += 1
             before = len(r.tokens)
-            self._commit(r, toks, lps)
+            self._commit(r, tk, lps)
             committed_total += len(r.tokens) - before
             drafted_total += len(d)
             accepted_total += len(path)

@@ -61,7 +61,7 @@ def processed_probs(
 
     # top-p (nucleus): keep the smallest descending prefix with mass >= top_p (always >= 1 token).
     if bool((p_top < 1.0).any()):
-        sp, idx = torch.sort(probs, dim=-1, descending=True)
+        sp, idx = torch.sort(probs, dim=-1, descending=True, stable=True)
         cum = sp.cumsum(-1)
         drop_sorted = (cum - sp) >= p_top.unsqueeze(-1)
         drop = torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted)

@@ -8,6 +8,7 @@ arrive versioned (``load_weights``) between rollout phases, never during one.
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -16,7 +17,32 @@ import torch
 
 from services.rollout_actor.engine import Engine, GenerationRequest, RequestOutput, SamplingParams, StepRecord
 from services.rollout_actor.model import Transformer
+from services.rollout_actor.speculative.base import Drafter
 from services.rollout_actor.speculative.strategy import FixedPolicy, Strategy, StrategyPolicy
+
+
+def build_drafters(names: list[str] | tuple[str, ...] = ("suffix", "ngram")) -> dict[str, Drafter]:
+    """The nonparametric drafters by name (the learned drafter needs the target: see ``eagle.py``)."""
+    from services.rollout_actor.speculative.ngram import NgramDrafter
+    from services.rollout_actor.speculative.suffix_tree import SuffixTreeDrafter
+
+    make = {"suffix": SuffixTreeDrafter, "ngram": NgramDrafter}
+    unknown = [n for n in names if n not in make]
+    if unknown:
+        raise ValueError(f"unknown drafter(s) {unknown}; known: {sorted(make)}")
+    return {n: make[n]() for n in names}
+
+
+def strategy_from_config(spec: dict | None) -> Strategy:
+    """``rollout.speculative`` (enabled, drafter, max_draft_tokens, tree_width, tree_depth) -> Strategy."""
+    if not spec or not spec.get("enabled") or spec.get("drafter", "off") == "off":
+        return Strategy()
+    return Strategy(
+        spec["drafter"],
+        int(spec["max_draft_tokens"]),
+        int(spec.get("tree_width", 1)),
+        int(spec.get("tree_depth", 0)),
+    )
 
 
 @dataclass
@@ -65,6 +91,7 @@ class RolloutWorker:
         policy: StrategyPolicy | None = None,
         drafters: dict | None = None,
         max_seq_len: int | None = None,
+        speculative: dict | None = None,
     ):
         torch.set_num_threads(max(1, threads))
         from tokenizers import Tokenizer
@@ -74,17 +101,25 @@ class RolloutWorker:
         self.tokenizer = Tokenizer.from_file(os.path.join(model_path, "tokenizer.json"))
         self.sampling = dict(sampling)
         self.policy_version = 0
-        seq = max_seq_len or min(self.model.config.max_position_embeddings, 1024)
-        self.engine = Engine(
+        self.max_seq_len = max_seq_len or min(self.model.config.max_position_embeddings, 1024)
+        self.max_batch_size = max_batch_size
+        self.strategy = strategy_from_config(speculative)
+        self.drafters = drafters if drafters is not None else build_drafters()
+        self._pre_rollout_state: dict | None = None
+        self.engine = self._new_engine(self.drafters, policy or FixedPolicy(self.strategy))
+
+    def _new_engine(self, drafters: dict, policy: StrategyPolicy) -> Engine:
+        return Engine(
             self.model,
-            max_batch_size=max_batch_size,
-            max_seq_len=seq,
+            max_batch_size=self.max_batch_size,
+            max_seq_len=self.max_seq_len,
             tokenizer=self.tokenizer,
             drafters=drafters,
-            policy=policy or FixedPolicy(),
+            policy=policy,
         )
 
     def set_strategy(self, strategy: Strategy) -> None:
+        self.strategy = strategy
         self.engine.policy = FixedPolicy(strategy)
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> int:
@@ -98,24 +133,37 @@ class RolloutWorker:
         self.policy_version = version
         return version
 
-    def rollout(self, requests: list[RolloutRequest]) -> ShardResult:
-        """Decode every request to completion (continuous batching)."""
+    def _requests(self, requests: list[RolloutRequest], seed_offset: int = 0) -> list[GenerationRequest]:
         p = self.sampling
-        reqs = [
+        params = dict(
+            temperature=p["temperature"],
+            top_p=p["top_p"],
+            top_k=p["top_k"],
+            max_new_tokens=p["max_new_tokens"],
+        )
+        return [
             GenerationRequest(
-                r.request_id,
-                r.prompt_ids,
-                SamplingParams(
-                    temperature=p["temperature"],
-                    top_p=p["top_p"],
-                    top_k=p["top_k"],
-                    max_new_tokens=p["max_new_tokens"],
-                    seed=r.seed,
-                ),
-                r.problem_id,
+                r.request_id, r.prompt_ids, SamplingParams(**params, seed=r.seed + seed_offset), r.problem_id
             )
             for r in requests
         ]
+
+    def rollout(
+        self, requests: list[RolloutRequest], step: int = 0, keep_drafter_snapshot: bool = False
+    ) -> ShardResult:
+        """Decode every request to completion (continuous batching).
+
+        ``keep_drafter_snapshot`` keeps a copy of the drafters' state from before this rollout, so that
+        ``measure_speedup`` can replay a sample with the knowledge the live rollout started from.
+        """
+        for d in self.drafters.values():
+            d.new_step(step)
+        self._pre_rollout_state = (
+            {n: copy.deepcopy(d.state_dict()) for n, d in self.drafters.items()}
+            if keep_drafter_snapshot
+            else None
+        )
+        reqs = self._requests(requests)
         self.engine.step_log = []
         started = time.time()
         outs = self.engine.generate(reqs) if reqs else []
@@ -123,6 +171,35 @@ class RolloutWorker:
         return ShardResult(
             self.worker_id, self.policy_version, started, finished, outs, list(self.engine.step_log)
         )
+
+    def measure_speedup(self, requests: list[RolloutRequest], repeats: int = 1) -> dict:
+        """Replay ``requests`` with speculation off and with this worker's strategy, same seeds, side by side.
+
+        Drafters start from their pre-rollout snapshot (``rollout(..., keep_drafter_snapshot=True)``), and
+        the replay uses fresh seeds so it never sees its own earlier outputs. Returns seconds and tokens
+        of both, and ``speedup = plain_seconds / spec_seconds`` (a *replayed sample*, not the live rollout).
+        """
+        if self.strategy.is_off:
+            return {}
+        out = {"plain_seconds": 0.0, "spec_seconds": 0.0, "plain_tokens": 0, "spec_tokens": 0, "requests": 0}
+        for rep in range(repeats):
+            reqs = self._requests(requests, seed_offset=1_000_000 * (rep + 1))
+            drafters = {}
+            for name, d in self.drafters.items():
+                fresh = type(d)()
+                if self._pre_rollout_state is not None:
+                    fresh.load_state_dict(copy.deepcopy(self._pre_rollout_state[name]))
+                drafters[name] = fresh
+            for mode in ("plain", "spec") if rep % 2 == 0 else ("spec", "plain"):
+                policy = FixedPolicy(self.strategy if mode == "spec" else Strategy())
+                eng = self._new_engine(drafters if mode == "spec" else {}, policy)
+                t0 = time.perf_counter()
+                outs = eng.generate(reqs)
+                out[f"{mode}_seconds"] += time.perf_counter() - t0
+                out[f"{mode}_tokens"] += sum(len(o.token_ids) for o in outs)
+            out["requests"] += len(reqs)
+        out["speedup"] = out["plain_seconds"] / max(out["spec_seconds"], 1e-9)
+        return out
 
     def ping(self) -> int:
         return self.worker_id

@@ -1,0 +1,1 @@
+"""Reproducible benchmarks (run each with ``python -m benchmarks.<name>``)."""

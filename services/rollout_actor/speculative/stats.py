@@ -1,0 +1,62 @@
+"""Speculation statistics over finished requests (kept apart from their sinks: metrics.jsonl, Prometheus).
+
+Acceptance length tau = committed tokens per verify step = (accepted + 1) averaged over the verify steps
+that had a non-empty draft (the "+1" is the bonus or correction token every verify step yields).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def aggregate(outputs: Iterable) -> dict:
+    """Sum ``RequestOutput.spec`` counters into step-level statistics.
+
+    Returns drafted/accepted totals, ``verify_steps``, ``acceptance_length_mean`` (tau),
+    ``acceptance_rate`` (accepted / drafted), ``acceptance_rate_by_position`` (index k: accepted at draft
+    depth k+1 / verify steps that drafted that deep) and ``drafters`` (per drafter: drafted, accepted, rate).
+    """
+    drafted = accepted = verify = 0
+    by_pos_d: list[int] = []
+    by_pos_a: list[int] = []
+    per: dict[str, list[int]] = {}
+    for o in outputs:
+        s = o.spec
+        drafted += s.drafted
+        accepted += s.accepted
+        verify += s.verify_steps
+        for k, (d, a) in enumerate(zip(s.drafted_by_position, s.accepted_by_position)):
+            if k >= len(by_pos_d):
+                by_pos_d.append(0)
+                by_pos_a.append(0)
+            by_pos_d[k] += d
+            by_pos_a[k] += a
+        for name, (d, a) in s.drafter_counts.items():
+            c = per.setdefault(name, [0, 0])
+            c[0] += d
+            c[1] += a
+    return {
+        "drafted_tokens": drafted,
+        "accepted_tokens": accepted,
+        "verify_steps": verify,
+        "acceptance_length_mean": (accepted + verify) / verify if verify else None,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "acceptance_rate_by_position": [a / d if d else None for d, a in zip(by_pos_d, by_pos_a)],
+        "drafters": {
+            n: {"drafted": d, "accepted": a, "acceptance_rate": a / d if d else None}
+            for n, (d, a) in sorted(per.items())
+        },
+    }
+
+
+def merge_drafters(rows: list[dict]) -> dict:
+    """Totals per drafter over several steps' ``drafters`` objects."""
+    tot: dict[str, list[int]] = {}
+    for r in rows:
+        for n, v in (r.get("drafters") or {}).items():
+            c = tot.setdefault(n, [0, 0])
+            c[0] += v["drafted"]
+            c[1] += v["accepted"]
+    return {
+        n: {"drafted": d, "accepted": a, "acceptance_rate": a / d if d else None} for n, (d, a) in tot.items()
+    }

@@ -1,0 +1,469 @@
+"""SuffixTreeDrafter / SuffixTrie: counts, sources, eviction, sizing rule, tree shape, checkpoints."""
+
+from __future__ import annotations
+
+import pickle
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from services.rollout_actor.speculative.base import DraftRequest, DraftTree
+from services.rollout_actor.speculative.suffix_tree import SuffixTreeDrafter, SuffixTrie, _OnlineTrie
+
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def req(rid: str, pid: str, ids: list[int], num_prompt: int = 0) -> DraftRequest:
+    return DraftRequest(rid, pid, list(ids), num_prompt)
+
+
+def unique(start: int, n: int) -> list[int]:
+    return list(range(start, start + n))
+
+
+def assert_tree_ok(tree: DraftTree, budget: int, width: int, depth: int) -> None:
+    assert tree.probs is None
+    assert len(tree.tokens) == len(tree.parents) <= max(budget, 0)
+    kids: Counter[int] = Counter()
+    seen: dict[int, set[int]] = {}
+    for i, (tok, p) in enumerate(zip(tree.tokens, tree.parents)):
+        assert -1 <= p < i
+        kids[p] += 1
+        assert tok not in seen.setdefault(p, set()), "siblings must be distinct tokens"
+        seen[p].add(tok)
+    assert all(c <= width for c in kids.values())
+    if depth > 0 and len(tree):
+        assert max(tree.depths()) <= depth
+    if width == 1:
+        assert tree.is_chain()
+    assert tree.score >= 0.0
+    assert (tree.score > 0) == (len(tree) > 0)
+
+
+def paths(tree: DraftTree) -> list[list[int]]:
+    out: list[list[int]] = []
+    for i, p in enumerate(tree.parents):
+        out.append((out[p] if p >= 0 else []) + [tree.tokens[i]])
+    return out
+
+
+def occurs(needle: list[int], hay: list[int]) -> bool:
+    m = len(needle)
+    return any(hay[i : i + m] == needle for i in range(len(hay) - m + 1))
+
+
+# ---------------------------------------------------------------------------------------------- the trie
+def brute_counts(seqs: list[list[int]], depth: int) -> Counter:
+    c: Counter = Counter()
+    for s in seqs:
+        for i in range(len(s)):
+            for j in range(i + 1, min(len(s), i + depth) + 1):
+                c[tuple(s[i:j])] += 1
+    return c
+
+
+def trie_counts(t: SuffixTrie) -> Counter:
+    """Every string the trie represents, with its count; checks the node invariants on the way."""
+    out: Counter = Counter()
+
+    def rec(node, prefix: list[int]) -> None:
+        if node.seq is not None:
+            out[tuple(prefix)] += node.n
+            for x in node.seq[node.pos : min(len(node.seq), node.lim)]:
+                prefix = prefix + [x]
+                out[tuple(prefix)] += node.n
+        if node.ch:
+            assert node.tot == sum(c.n for c in node.ch.values())
+            if node.bc is not None:  # the cached best child: most frequent, ties to the lowest token
+                assert node.ch[node.bk] is node.bc
+                assert (node.bc.n, -node.bk) == max((c.n, -t) for t, c in node.ch.items())
+            for tok, c in node.ch.items():
+                assert c.n >= 1
+                rec(c, prefix + [tok])
+        else:
+            assert node.tot == 0
+
+    rec(t.root, [])
+    return out
+
+
+seq_st = st.lists(st.integers(0, 3), max_size=14)
+
+
+@FAST
+@given(st.integers(2, 7), st.lists(st.tuples(st.booleans(), seq_st), min_size=1, max_size=10))
+def test_trie_counts_match_brute_force_under_insert_and_remove(depth, ops):
+    t = SuffixTrie(depth)
+    live: list[list[int]] = []
+    for remove, s in ops:
+        if remove and live:
+            t.remove(live.pop(0))
+        else:
+            t.insert(s)
+            live.append(s)
+        expected = brute_counts(live, depth)
+        assert trie_counts(t) == expected
+        for key, c in list(expected.items())[:8]:
+            assert t.count(list(key)) == c
+    for s in live:
+        t.remove(s)
+    assert t.num_nodes() == 1 and t.num_tokens == 0
+
+
+@FAST
+@given(st.integers(2, 7), st.lists(seq_st, max_size=6))
+def test_online_trie_counts_match_brute_force(depth, chunks):
+    t = _OnlineTrie(depth)
+    full: list[int] = []
+    for c in chunks:
+        t.extend(c)
+        full += c
+        assert trie_counts(t) == brute_counts([full], depth)
+
+
+@FAST
+@given(st.integers(2, 9), st.lists(st.integers(0, 3), max_size=40))
+def test_online_trie_active_starts_are_the_earlier_occurring_suffixes(depth, seq):
+    """The request source reads its longest match off the active starts: check it against brute force."""
+    t = _OnlineTrie(depth)
+    for i, tok in enumerate(seq):
+        t.extend([tok])
+        n = i + 1
+        want = [
+            s
+            for s in range(n)
+            if n - s < depth and any(seq[j : j + n - s] == seq[s:n] for j in range(s))  # occurs earlier
+        ]
+        assert list(t.active) == want
+        for s in want:  # the node has the earlier occurrence's continuation
+            assert t.active[s].tot > 0
+
+
+# ---------------------------------------------------------------------------------------------- sources
+def test_finished_sibling_continuation_is_drafted():
+    d = SuffixTreeDrafter()
+    prompt, resp = unique(100, 10), unique(1000, 40)
+    d.start_request("a", "p", prompt)
+    d.observe("a", resp)
+    d.finish_request("a", "p", resp)
+    d.start_request("b", "p", prompt)
+    d.observe("b", resp[:5])
+    (tree,) = d.propose([req("b", "p", prompt + resp[:5], len(prompt))], [8])
+    assert tree.tokens == resp[5:13] and tree.is_chain() and tree.probs is None
+    assert tree.score == pytest.approx(8.0)
+    # the prompt tail is stored too: a sibling that has generated nothing yet drafts the first tokens
+    (tree,) = d.propose([req("c", "p", prompt, len(prompt))], [6])
+    assert tree.tokens == resp[:6]
+
+
+def test_global_source_serves_other_problems_and_request_source_its_own_repeats():
+    d = SuffixTreeDrafter(problem_capacity=0)
+    resp = unique(1000, 30)
+    d.finish_request("x", "p", resp)
+    (tree,) = d.propose([req("r", "q", [7, 8] + resp[:10])], [4])
+    assert tree.tokens == resp[10:14]
+    # no history at all: the request's own earlier text
+    e = SuffixTreeDrafter()
+    ctx = [5, 6, 7, 8, 9, 1, 2, 3, 5, 6, 7]
+    (tree,) = e.propose([req("s", "z", ctx)], [8])
+    assert tree.tokens == [8, 9, 1]  # match "5 6 7" (L=3) -> floor(1.0 * 3 + 0) = 3 tokens
+
+
+def test_empty_draft_when_nothing_matches():
+    d = SuffixTreeDrafter()
+    assert d.propose([req("r", "p", unique(0, 50))], [8])[0].tokens == []
+    d.finish_request("x", "p", unique(1000, 30))
+    trees = d.propose(
+        [req("r", "p", unique(0, 50)), req("s", "p", [1000, 1001, 1002]), req("t", "p", [])], [8, 0, 8]
+    )
+    assert [len(t) for t in trees] == [0, 0, 0]
+    assert all(t.score == 0.0 for t in trees)
+    # a single matched token is below min_match_len=2
+    assert len(d.propose([req("u", "p", [5, 1000])], [8])[0]) == 0
+    assert len(SuffixTreeDrafter(min_match_len=1).propose([req("u", "q", [5, 1000])], [8])[0]) == 0  # fresh
+
+
+def test_best_score_wins_across_sources():
+    prefix = [1, 2, 3, 4, 5, 6]
+    ctx = [99] + prefix
+
+    def build(global_capacity: int) -> SuffixTreeDrafter:
+        d = SuffixTreeDrafter(global_capacity=global_capacity)
+        d.finish_request("s1", "p", prefix + [10, 11, 12])
+        d.finish_request("s2", "p", prefix + [20, 21, 22])
+        d.finish_request("o1", "q", prefix + [10, 11, 12])
+        return d
+
+    # problem trie: 10 and 20 once each (p = 1/2, tie -> lowest id); global: 10 twice, 20 once (p = 2/3)
+    (tree,) = build(0).propose([req("r", "p", ctx)], [3])
+    assert tree.tokens == [10, 11, 12] and tree.score == pytest.approx(1.5)
+    (tree,) = build(10_000).propose([req("r", "p", ctx)], [3])
+    assert tree.tokens == [10, 11, 12] and tree.score == pytest.approx(2.0)
+
+
+def test_min_token_prob_cuts_low_probability_paths():
+    def build(min_p: float) -> SuffixTreeDrafter:
+        d = SuffixTreeDrafter(min_token_prob=min_p, global_capacity=0)
+        for i in range(5):
+            d.finish_request(f"s{i}", "p", [1, 2, 3, 50 + i, 60 + i])
+        return d
+
+    assert build(0.25).propose([req("r", "p", [1, 2, 3])], [3])[0].tokens == []
+    (tree,) = build(0.1).propose([req("r", "p", [1, 2, 3])], [3])
+    assert tree.tokens == [50, 60] and tree.score == pytest.approx(0.4)
+
+
+def test_width_gives_a_tree_of_alternatives():
+    d = SuffixTreeDrafter(global_capacity=0)
+    pre = [1, 2, 3, 4, 5, 6]  # a 6-token match allows 6 draft nodes
+    d.finish_request("s1", "p", pre + [10, 11, 12])
+    d.finish_request("s2", "p", pre + [10, 11, 12])
+    d.finish_request("s3", "p", pre + [20, 21, 22])
+    (tree,) = d.propose([req("r", "p", pre)], [6], width=2)
+    assert_tree_ok(tree, 6, 2, 0)
+    assert tree.tokens == [10, 11, 12, 20, 21, 22]  # best-first: 2/3-paths before 1/3-paths
+    assert tree.parents == [-1, 0, 1, -1, 3, 4]
+    assert tree.score == pytest.approx(3 * 2 / 3 + 3 * 1 / 3)
+    (tree,) = d.propose([req("r", "p", pre)], [6], width=2, depth=1)
+    assert tree.tokens == [10, 20] and tree.parents == [-1, -1]
+    (tree,) = d.propose([req("r", "p", pre)], [4], width=2)
+    assert tree.tokens == [10, 11, 12, 20] and tree.parents == [-1, 0, 1, -1]
+    (chain,) = d.propose([req("r", "p", pre)], [6])
+    assert chain.tokens == [10, 11, 12] and chain.score == pytest.approx(2.0)
+
+
+def test_sibling_finishing_mid_request_extends_the_match():
+    """A running request's remembered match bound must not hide a longer match a new sibling brings."""
+    d = SuffixTreeDrafter(global_capacity=0)
+    x = unique(100, 10)
+    d.finish_request("s1", "p", [1, 2, 70, 71, 72, 73])
+    d.start_request("r", "p", x)
+    d.observe("r", [1, 2])
+    (tree,) = d.propose([req("r", "p", x + [1, 2], 10)], [8])
+    assert tree.tokens == [70, 71]  # match "1 2": 2 tokens
+    d.finish_request("s2", "p", x + [1, 2, 3] + unique(80, 10))
+    d.observe("r", [3])
+    (tree,) = d.propose([req("r", "p", x + [1, 2, 3], 10)], [8])
+    assert tree.tokens == unique(80, 8)  # match of 13 tokens through the new sibling
+
+
+def test_longer_match_is_more_specific_and_budget_changes_the_cap():
+    d = SuffixTreeDrafter(max_depth=16, global_capacity=0)
+    mid = unique(1, 8)
+    a, b, c = unique(100, 8), unique(200, 8), unique(300, 8)
+    d.finish_request("s1", "p", a + mid + [50])
+    d.finish_request("s2", "p", b + mid + [60])
+    d.finish_request("s3", "p", c + mid + [60])
+    ctx = a + mid
+    (tree,) = d.propose([req("r", "p", ctx)], [8])  # cap 8: match = mid, next token 60 (2 of 3)
+    assert tree.tokens == [60] and tree.score == pytest.approx(2 / 3)
+    (tree,) = d.propose([req("r", "p", ctx)], [2])  # cap 14: match includes a's tail, next token 50
+    assert tree.tokens == [50] and tree.score == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------------------------------------- sizing
+@pytest.mark.parametrize(
+    "alpha,beta,budget,match,expected",
+    [
+        (1.0, 0.0, 8, 3, 3),
+        (1.0, 0.0, 8, 20, 8),
+        (0.5, 1.0, 16, 10, 6),
+        (2.0, 0.0, 16, 5, 10),
+        (0.5, 0.0, 8, 3, 1),
+        (1.0, 0.0, 8, 1, 0),  # below min_match_len
+        (1.0, 2.0, 4, 2, 4),
+    ],
+)
+def test_draft_length_is_min_budget_alpha_match_beta(alpha, beta, budget, match, expected):
+    d = SuffixTreeDrafter(max_depth=64, alpha=alpha, beta=beta, min_match_len=2)
+    resp = unique(1000, 100)
+    d.finish_request("x", "p", resp)
+    ctx = [7] + resp[:match]  # 7 never occurs: the longest match is exactly `match`
+    (tree,) = d.propose([req("r", "p", ctx)], [budget])
+    assert len(tree) == expected == (d.draft_size(match, budget) if match >= 2 else 0)
+    assert tree.tokens == resp[match : match + expected]
+
+
+def test_chain_depth_and_cap_leave_room_in_the_trie():
+    d = SuffixTreeDrafter(max_depth=16)
+    resp = unique(1000, 100)
+    d.finish_request("x", "p", resp)
+    ctx = resp[:40]  # matches far longer than the trie depth
+    (tree,) = d.propose([req("r", "p", ctx)], [8])
+    assert tree.tokens == resp[40:48]  # cap = 8: an 8-token match leaves 8 levels for the draft
+    (tree,) = d.propose([req("r", "p", ctx)], [8], depth=3)
+    assert tree.tokens == resp[40:43]
+
+
+# ---------------------------------------------------------------------------------------------- eviction
+def test_window_eviction_drops_a_problems_old_steps():
+    d = SuffixTreeDrafter(window_steps=2, global_capacity=0, use_request=False)
+    old, new = unique(1000, 20), unique(2000, 20)
+    d.new_step(0)
+    d.finish_request("a", "p", old)
+    d.new_step(1)
+    d.finish_request("b", "p", new)
+    assert d.propose([req("r", "p", old[:5])], [4])[0].tokens == old[5:9]
+    d.new_step(2)  # keeps steps 1..2: step 0's response is gone, step 1's stays
+    assert d.propose([req("r", "p", old[:5])], [4])[0].tokens == []
+    assert d.propose([req("r2", "p", new[:5])], [4])[0].tokens == new[5:9]
+    assert d.stats()["problem_responses"] == 1
+    d.new_step(3)
+    assert d.stats()["problems"] == 0 and d.propose([req("r2", "p", new[:5])], [4])[0].tokens == []
+
+
+def test_problem_capacity_is_fifo():
+    d = SuffixTreeDrafter(problem_capacity=2, global_capacity=0, use_request=False)
+    seqs = [unique(1000 * (i + 1), 20) for i in range(3)]
+    for i, s in enumerate(seqs):
+        d.finish_request(f"s{i}", "p", s)
+    assert d.propose([req("r", "p", seqs[0][:5])], [4])[0].tokens == []
+    assert d.propose([req("r1", "p", seqs[1][:5])], [4])[0].tokens == seqs[1][5:9]
+    assert d.stats()["problem_tokens"] == 40
+
+
+def test_global_fifo_eviction_by_tokens():
+    d = SuffixTreeDrafter(global_capacity=100, problem_capacity=0, use_request=False)
+    a, b, c = unique(1000, 40), unique(2000, 40), unique(3000, 40)
+    d.finish_request("a", "pa", a)
+    d.finish_request("b", "pb", b)
+    assert d.propose([req("r", "z", a[:5])], [4])[0].tokens == a[5:9]
+    d.finish_request("c", "pc", c)  # 120 tokens > 100: a (the oldest) goes
+    s = d.stats()
+    assert s["global_tokens"] == 80 and s["global_responses"] == 2
+    assert d.propose([req("r", "z", a[:5])], [4])[0].tokens == []
+    assert d.propose([req("r2", "z", b[:5])], [4])[0].tokens == b[5:9]
+    assert d.propose([req("r3", "z", c[:5])], [4])[0].tokens == c[5:9]
+
+
+# ---------------------------------------------------------------------------------------------- properties
+history_st = st.lists(
+    st.tuples(st.sampled_from(["p", "q"]), st.lists(st.integers(0, 5), max_size=30)), max_size=6
+)
+
+
+@FAST
+@given(
+    history_st,
+    st.lists(st.integers(0, 5), max_size=40),
+    st.integers(0, 12),
+    st.integers(1, 4),
+    st.integers(0, 5),
+    st.sampled_from([1, 2]),
+)
+def test_drafts_are_well_formed_continuations_that_occur_in_history(
+    history, ctx, budget, width, depth, min_match
+):
+    d = SuffixTreeDrafter(max_depth=12, min_match_len=min_match, min_token_prob=0.05)
+    corpus = []
+    for i, (pid, s) in enumerate(history):
+        d.finish_request(f"h{i}", pid, s)
+        corpus.append(s)
+    corpus.append(ctx)  # the request's own tokens are indexed too
+    (tree,) = d.propose([req("r", "p", ctx)], [budget], width=width, depth=depth)
+    assert_tree_ok(tree, budget, width, depth)
+    anchor = ctx[len(ctx) - min_match :]
+    for path in paths(tree):
+        assert any(occurs(anchor + path, s) for s in corpus), (anchor, path)
+
+
+@FAST
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.lists(st.integers(0, 7), max_size=6)), min_size=1, max_size=25)
+)
+def test_incremental_state_gives_the_same_drafts_as_a_fresh_drafter(script):
+    """Match hints, request tries built by observe(), and checkpoints must not change any draft."""
+    rng = random.Random(len(script))
+    d = SuffixTreeDrafter(max_depth=10, window_steps=2, global_capacity=60, problem_capacity=3)
+    running: dict[str, list[int]] = {}
+    step, nid = 0, 0
+    for op, toks in script:
+        if op == 0 or not running:  # start a request
+            rid, nid = f"r{nid}", nid + 1
+            running[rid] = list(toks)
+            d.start_request(rid, f"p{nid % 2}", toks)
+        elif op == 1:  # finish one
+            rid = sorted(running)[0]
+            ids = running.pop(rid)
+            d.finish_request(rid, f"p{int(rid[1:]) % 2}", ids + toks)
+        elif op == 2:
+            step += 1
+            d.new_step(step)
+        else:  # observe + propose for everyone, compared with a drafter restored from a checkpoint
+            for rid in running:
+                running[rid] += toks
+                d.observe(rid, toks)
+            reqs = [req(rid, f"p{int(rid[1:]) % 2}", ids) for rid, ids in running.items()]
+            budgets = [rng.randrange(0, 9) for _ in reqs]
+            width = 1 + op % 2
+            fresh = SuffixTreeDrafter(max_depth=10, window_steps=2, global_capacity=60, problem_capacity=3)
+            fresh.load_state_dict(pickle.loads(pickle.dumps(d.state_dict())))
+            got = d.propose(reqs, budgets, width)
+            want = fresh.propose(reqs, budgets, width)
+            assert [(t.tokens, t.parents, round(t.score, 9)) for t in got] == [
+                (t.tokens, t.parents, round(t.score, 9)) for t in want
+            ]
+
+
+# ---------------------------------------------------------------------------------------------- lifecycle
+def test_observe_and_lazy_sync_agree():
+    rng = random.Random(0)
+    history = [[rng.randrange(8) for _ in range(60)] for _ in range(4)]
+    a, b = SuffixTreeDrafter(), SuffixTreeDrafter()
+    for i, s in enumerate(history):
+        for d in (a, b):
+            d.finish_request(f"h{i}", "p", s)
+    prompt = [rng.randrange(8) for _ in range(10)]
+    a.start_request("r", "p", prompt)
+    ids = list(prompt)
+    for _ in range(30):
+        new = [rng.randrange(8) for _ in range(rng.randrange(1, 4))]
+        ids += new
+        a.observe("r", new)  # b never sees start_request/observe: it catches up from token_ids
+        ta, tb = (d.propose([req("r", "p", ids, len(prompt))], [6])[0] for d in (a, b))
+        assert (ta.tokens, ta.score) == (tb.tokens, tb.score)
+
+
+def test_state_dict_round_trip_is_plain_and_exact():
+    rng = random.Random(1)
+    cfg = dict(max_depth=16, window_steps=3, global_capacity=500, problem_capacity=4)
+    d = SuffixTreeDrafter(**cfg)
+    for step in range(5):
+        d.new_step(step)
+        for g in range(4):
+            pid = f"p{rng.randrange(3)}"
+            d.start_request(f"s{step}-{g}", pid, [rng.randrange(10) for _ in range(8)])
+            d.finish_request(f"s{step}-{g}", pid, [rng.randrange(10) for _ in range(40)])
+    d.start_request("live", "p1", [1, 2, 3])
+    d.observe("live", [4, 5, 6, 1, 2])
+    state = d.state_dict()
+
+    def plain(x) -> bool:
+        if isinstance(x, dict):
+            return all(isinstance(k, (str, int)) and plain(v) for k, v in x.items())
+        if isinstance(x, (list, tuple)):
+            return all(plain(v) for v in x)
+        return x is None or isinstance(x, (bool, int, float, str))
+
+    assert plain(state)
+    restored = SuffixTreeDrafter(**cfg)
+    restored.load_state_dict(pickle.loads(pickle.dumps(state)))
+
+    def sizes(x: SuffixTreeDrafter) -> dict:  # node counts may differ: removals leave split runs split
+        return {k: v for k, v in x.stats().items() if not k.endswith("_nodes")}
+
+    assert sizes(restored) == sizes(d)
+    probes = [req(f"q{i}", f"p{i % 3}", [rng.randrange(10) for _ in range(30)]) for i in range(20)]
+    probes.append(req("live", "p1", [1, 2, 3, 4, 5, 6, 1, 2], 3))
+    for width in (1, 3):
+        got = d.propose(probes, [8] * len(probes), width)
+        want = restored.propose(probes, [8] * len(probes), width)
+        assert [(t.tokens, t.parents, t.score) for t in got] == [(t.tokens, t.parents, t.score) for t in want]
+    d.new_step(6)
+    restored.new_step(6)
+    assert sizes(restored) == sizes(d)
+    with pytest.raises(ValueError):
+        restored.load_state_dict({"format": 999})
