@@ -43,5 +43,9 @@ base-model: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run_all
 
+# Regenerate services/common/proto_gen/tailspec from protos/tailspec/v1/*.proto (checked in; a test fails when stale).
+protos: $(STAMP)
+	$(BIN)/python -m services.common.proto_gen.generate
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,536 @@
+"""One metrics facade: ``ray.util.metrics`` inside Ray, ``prometheus_client`` outside.
+
+Inside Ray (a driver or worker with Ray initialized) metrics go through ``ray.util.metrics`` and are exported
+by Ray's metrics agent (Prometheus format, on every node; Ray prefixes application metrics with ``ray_``,
+so ``tailspec_policy_version`` is scraped as ``ray_tailspec_policy_version``). Outside Ray they go to a
+``prometheus_client`` registry of their own, served by ``Metrics.start_http_server(port)``::
+
+    m = Metrics()                                   # backend="auto"
+    accepted = m.counter("accepted_tokens", "Accepted draft tokens", unit="tokens", tag_keys=("drafter",))
+    accepted.inc(12, {"drafter": "suffix"})
+    port = m.start_http_server(0)                   # prometheus backend only; None under Ray
+
+    tm = TailspecMetrics()                          # every metric of METRICS, with helpers
+    tm.record_step(row)                             # one metrics.jsonl row
+    tm.record_spec("suffix", drafted=40, accepted=31, acceptance_lengths=[3, 2, 4])
+
+Both backends behave the same for callers: a metric's ``tags`` must name exactly its ``tag_keys`` (values
+are turned into strings), counters refuse negative increments and ignore 0, histograms need bucket
+boundaries (> 0, increasing). Counter names are given without ``_total``; both backends export them with it.
+``METRICS`` lists every tailspec metric (name, type, unit, labels, description); ``docs_table()`` renders it.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+BACKENDS = ("auto", "ray", "prometheus")
+TYPES = ("counter", "gauge", "histogram")
+
+WORKER_STATES = ("STARTING", "ROLLOUT", "IDLE", "TRAINING", "PREEMPTING", "FAILED", "STOPPED")
+# metrics.jsonl row key -> `phase` label of tailspec_step_phase_seconds
+STEP_PHASE_KEYS = {
+    "rollout_seconds": "rollout",
+    "reward_seconds": "reward",
+    "train_seconds": "train",
+    "weight_sync_seconds": "weight_sync",
+}
+
+_ACCEPTANCE_BUCKETS = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0)
+_LENGTH_BUCKETS = (16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0)
+_SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One documented metric. ``name`` is the exported name (counters end in ``_total``)."""
+
+    name: str
+    type: str  # counter | gauge | histogram
+    unit: str
+    labels: tuple[str, ...]
+    description: str
+    boundaries: tuple[float, ...] | None = None  # histograms: bucket upper bounds
+
+    @property
+    def short_name(self) -> str:
+        """Name without the ``tailspec_`` prefix and a counter's ``_total`` (what ``Metrics`` takes)."""
+        n = self.name.removeprefix("tailspec_")
+        return n.removesuffix("_total") if self.type == "counter" else n
+
+
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(
+        "tailspec_accepted_tokens_total",
+        "counter",
+        "tokens",
+        ("drafter",),
+        "Draft tokens accepted by verification (lossless rejection sampling), by drafter.",
+    ),
+    MetricSpec(
+        "tailspec_drafted_tokens_total",
+        "counter",
+        "tokens",
+        ("drafter",),
+        "Draft tokens proposed to verification, by drafter; accepted / drafted = acceptance rate.",
+    ),
+    MetricSpec(
+        "tailspec_acceptance_length",
+        "histogram",
+        "tokens",
+        ("drafter",),
+        "Acceptance length tau per verify step and request: accepted draft tokens + 1 (the bonus token).",
+        _ACCEPTANCE_BUCKETS,
+    ),
+    MetricSpec(
+        "tailspec_active_batch_size",
+        "gauge",
+        "requests",
+        ("worker",),
+        "Requests decoding in the current decode step of a rollout worker.",
+    ),
+    MetricSpec(
+        "tailspec_response_length_tokens",
+        "histogram",
+        "tokens",
+        (),
+        "Length of each finished response (generated tokens).",
+        _LENGTH_BUCKETS,
+    ),
+    MetricSpec(
+        "tailspec_worker_state",
+        "gauge",
+        "1",
+        ("worker", "state"),
+        "1 for the state a worker is in, 0 for the others (STARTING, ROLLOUT, IDLE, TRAINING, PREEMPTING, "
+        "FAILED, STOPPED).",
+    ),
+    MetricSpec(
+        "tailspec_bubble_seconds_total",
+        "counter",
+        "seconds",
+        ("worker",),
+        "Idle worker-seconds during rollout (a worker done with its share while others still decode).",
+    ),
+    MetricSpec(
+        "tailspec_bubble_trained_seconds_total",
+        "counter",
+        "seconds",
+        ("worker",),
+        "Bubble seconds spent training the drafter on the spot trainer (granted until preempted).",
+    ),
+    MetricSpec(
+        "tailspec_drafter_version",
+        "gauge",
+        "version",
+        (),
+        "Newest learned-drafter version published by the spot trainer (0 = none).",
+    ),
+    MetricSpec(
+        "tailspec_policy_version",
+        "gauge",
+        "version",
+        (),
+        "Policy version the rollout actors decode with (0 = the initial policy).",
+    ),
+    MetricSpec(
+        "tailspec_tuner_arm_selections_total",
+        "counter",
+        "selections",
+        ("bucket", "arm"),
+        "Decode steps run with each tuner arm, by batch-size bucket (e.g. bucket '8-15', arm 'suffix-k8-w1').",
+    ),
+    MetricSpec(
+        "tailspec_step_phase_seconds",
+        "histogram",
+        "seconds",
+        ("phase",),
+        "Wall time of each RL-step phase: rollout, reward, train, weight_sync.",
+        _SECONDS_BUCKETS,
+    ),
+    MetricSpec("tailspec_rl_step", "gauge", "step", (), "The current (last finished) RL step."),
+    MetricSpec("tailspec_reward_mean", "gauge", "reward", (), "Mean reward of the last RL step's responses."),
+)
+
+
+def docs_table(specs: Sequence[MetricSpec] = METRICS) -> str:
+    """The metric table as Markdown (name, type, unit, labels, description)."""
+    lines = [
+        "| Metric | Type | Unit | Labels | Description |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for s in specs:
+        labels = ", ".join(f"`{label}`" for label in s.labels) or "—"
+        desc = s.description.replace("|", "\\|")
+        if s.boundaries:
+            desc += " Buckets: " + ", ".join(f"{b:g}" for b in s.boundaries) + "."
+        lines.append(f"| `{s.name}` | {s.type} | {s.unit} | {labels} | {desc} |")
+    lines.append("")
+    lines.append(
+        "Inside Ray the metrics are exported by Ray's metrics agent with Ray's `ray_` prefix "
+        "(`ray_tailspec_policy_version`) and Ray's own labels added (`Component`, `NodeAddress`, `SessionName`, "
+        "`WorkerId`, ...)."
+    )
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- facade
+def ray_active() -> bool:
+    """True in a Ray driver or worker with Ray initialized (Ray is not imported to find out)."""
+    ray = sys.modules.get("ray")
+    try:
+        return bool(ray is not None and ray.is_initialized())
+    except Exception:  # noqa: BLE001 - a half-imported ray counts as absent
+        return False
+
+
+def _check_boundaries(name: str, boundaries: Sequence[float] | None) -> tuple[float, ...]:
+    if not boundaries:
+        raise ValueError(f"histogram {name!r} needs bucket boundaries")
+    b = tuple(float(x) for x in boundaries)
+    if any(x <= 0 or not math.isfinite(x) for x in b) or any(x >= y for x, y in zip(b, b[1:])):
+        raise ValueError(f"histogram {name!r}: boundaries must be finite, > 0 and increasing, got {list(b)}")
+    return b
+
+
+class _Metric:
+    type = ""
+
+    def __init__(self, name: str, tag_keys: tuple[str, ...], impl: Any, backend: str):
+        self.name = name
+        self.tag_keys = tag_keys
+        self._impl = impl
+        self.backend = backend
+
+    def _tags(self, tags: Mapping[str, Any] | None) -> dict[str, str]:
+        tags = dict(tags or {})
+        if set(tags) != set(self.tag_keys):
+            missing = sorted(set(self.tag_keys) - set(tags))
+            extra = sorted(set(tags) - set(self.tag_keys))
+            raise ValueError(
+                f"metric {self.name!r} takes tags {list(self.tag_keys)}"
+                + (f"; missing {missing}" if missing else "")
+                + (f"; unknown {extra}" if extra else "")
+            )
+        return {k: str(v) for k, v in tags.items()}
+
+    def _target(self, tags: Mapping[str, Any] | None):
+        """prometheus: the labelled child; ray: (impl, tags)."""
+        t = self._tags(tags)
+        if self.backend == "prometheus":
+            return self._impl.labels(**t) if self.tag_keys else self._impl
+        return t
+
+    def __repr__(self) -> str:
+        return f"<{self.type} {self.name} {list(self.tag_keys)} ({self.backend})>"
+
+
+class Counter(_Metric):
+    type = "counter"
+
+    def inc(self, value: float = 1.0, tags: Mapping[str, Any] | None = None) -> None:
+        value = float(value)
+        if value < 0 or not math.isfinite(value):
+            raise ValueError(f"counter {self.name!r}: increment must be finite and >= 0, got {value}")
+        target = self._target(tags)
+        if value == 0:
+            return
+        if self.backend == "prometheus":
+            target.inc(value)
+        else:
+            self._impl.inc(value, tags=target or None)
+
+
+class Gauge(_Metric):
+    type = "gauge"
+
+    def set(self, value: float, tags: Mapping[str, Any] | None = None) -> None:
+        value = float(value)
+        target = self._target(tags)
+        if self.backend == "prometheus":
+            target.set(value)
+        else:
+            self._impl.set(value, tags=target or None)
+
+
+class Histogram(_Metric):
+    type = "histogram"
+
+    def __init__(self, name, tag_keys, impl, backend, boundaries: tuple[float, ...]):
+        super().__init__(name, tag_keys, impl, backend)
+        self.boundaries = boundaries
+
+    def observe(self, value: float, tags: Mapping[str, Any] | None = None) -> None:
+        value = float(value)
+        target = self._target(tags)
+        if self.backend == "prometheus":
+            target.observe(value)
+        else:
+            self._impl.observe(value, tags=target or None)
+
+
+class Metrics:
+    """Creates metrics on one backend. ``backend="auto"``: Ray if initialized in this process, else prometheus.
+
+    Metrics are cached by name: asking twice for the same name and type returns the same object; the same
+    name with another type or other tag keys raises ``ValueError``.
+    """
+
+    def __init__(self, backend: str = "auto", prefix: str = "tailspec", registry: Any = None):
+        if backend not in BACKENDS:
+            raise ValueError(f"metrics backend must be one of {BACKENDS}, got {backend!r}")
+        if backend == "auto":
+            backend = "ray" if ray_active() else "prometheus"
+        self.backend = backend
+        self.prefix = prefix
+        self._lock = threading.Lock()
+        self._metrics: dict[str, _Metric] = {}
+        self._http: Any = None
+        if backend == "prometheus":
+            from prometheus_client import CollectorRegistry
+
+            self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        else:
+            if registry is not None:
+                raise ValueError("a registry only applies to the prometheus backend")
+            self.registry = None
+
+    def full_name(self, name: str, kind: str) -> str:
+        base = name.removesuffix("_total") if kind == "counter" else name
+        if self.prefix and not base.startswith(f"{self.prefix}_"):
+            base = f"{self.prefix}_{base}"
+        return base
+
+    def _get(
+        self,
+        kind: str,
+        name: str,
+        description: str,
+        unit: str,
+        tag_keys: Iterable[str],
+        boundaries: Sequence[float] | None,
+    ) -> _Metric:
+        full = self.full_name(name, kind)
+        keys = tuple(tag_keys or ())
+        with self._lock:
+            have = self._metrics.get(full)
+            if have is not None:
+                if have.type != kind or have.tag_keys != keys:
+                    raise ValueError(
+                        f"metric {full!r} already exists as {have.type} with tags {list(have.tag_keys)}"
+                    )
+                return have
+            desc = description or full
+            if unit and unit != "1":
+                desc = f"{desc} [{unit}]" if f"[{unit}]" not in desc else desc
+            b = _check_boundaries(full, boundaries) if kind == "histogram" else None
+            impl = self._make(kind, full, desc, keys, b)
+            m = Histogram(full, keys, impl, self.backend, b) if kind == "histogram" else None
+            if m is None:
+                m = (Counter if kind == "counter" else Gauge)(full, keys, impl, self.backend)
+            self._metrics[full] = m
+            return m
+
+    def _make(self, kind: str, name: str, desc: str, keys: tuple[str, ...], boundaries):
+        if self.backend == "ray":
+            from ray.util import metrics as rm
+
+            if kind == "counter":
+                return rm.Counter(name, description=desc, tag_keys=keys)
+            if kind == "gauge":
+                return rm.Gauge(name, description=desc, tag_keys=keys)
+            return rm.Histogram(name, description=desc, boundaries=list(boundaries), tag_keys=keys)
+        import prometheus_client as pc
+
+        kw = dict(labelnames=keys, registry=self.registry)
+        if kind == "counter":
+            return pc.Counter(name, desc, **kw)
+        if kind == "gauge":
+            return pc.Gauge(name, desc, **kw)
+        return pc.Histogram(name, desc, buckets=[*boundaries, math.inf], **kw)
+
+    def counter(
+        self, name: str, description: str = "", unit: str = "", tag_keys: Iterable[str] = (), boundaries=None
+    ) -> Counter:
+        return self._get("counter", name, description, unit, tag_keys, None)  # type: ignore[return-value]
+
+    def gauge(
+        self, name: str, description: str = "", unit: str = "", tag_keys: Iterable[str] = (), boundaries=None
+    ) -> Gauge:
+        return self._get("gauge", name, description, unit, tag_keys, None)  # type: ignore[return-value]
+
+    def histogram(
+        self,
+        name: str,
+        description: str = "",
+        unit: str = "",
+        tag_keys: Iterable[str] = (),
+        boundaries: Sequence[float] | None = None,
+    ) -> Histogram:
+        return self._get("histogram", name, description, unit, tag_keys, boundaries)  # type: ignore[return-value]
+
+    def from_spec(self, spec: MetricSpec) -> _Metric:
+        return self._get(
+            spec.type, spec.short_name, spec.description, spec.unit, spec.labels, spec.boundaries
+        )
+
+    def get(self, name: str) -> _Metric | None:
+        """A created metric by exported or short name."""
+        for kind in TYPES:
+            m = self._metrics.get(self.full_name(name, kind))
+            if m is not None:
+                return m
+        return None
+
+    # -- exposition (prometheus backend)
+    def start_http_server(self, port: int = 0, addr: str = "127.0.0.1") -> int | None:
+        """Serve ``/metrics`` of this registry on ``addr:port`` (0 = a free port); returns the bound port.
+        Under Ray returns None: Ray's metrics agent exports the metrics."""
+        if self.backend != "prometheus":
+            return None
+        if self._http is not None:
+            return self._http[0].server_address[1]
+        from prometheus_client import start_http_server
+
+        server, thread = start_http_server(port, addr=addr, registry=self.registry)
+        self._http = (server, thread)
+        return server.server_address[1]
+
+    def stop_http_server(self) -> None:
+        if self._http is not None:
+            server, thread = self._http
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)
+            self._http = None
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus text format (prometheus backend)."""
+        if self.backend != "prometheus":
+            raise RuntimeError("exposition() needs the prometheus backend; Ray's metrics agent exports these")
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+
+# ---------------------------------------------------------------------------------------------- tailspec
+class TailspecMetrics:
+    """Every metric of ``METRICS`` on one ``Metrics`` facade, with recording helpers.
+
+    Metrics are attributes named by their short name: ``tm.accepted_tokens``, ``tm.step_phase_seconds``...
+    """
+
+    def __init__(
+        self, metrics: Metrics | None = None, backend: str = "auto", specs: Sequence[MetricSpec] = METRICS
+    ):
+        self.metrics = metrics if metrics is not None else Metrics(backend=backend)
+        self.specs = tuple(specs)
+        self.by_name: dict[str, _Metric] = {}
+        for spec in self.specs:
+            m = self.metrics.from_spec(spec)
+            self.by_name[spec.name] = m
+            setattr(self, spec.short_name, m)
+
+    @property
+    def backend(self) -> str:
+        return self.metrics.backend
+
+    def start_http_server(self, port: int = 0, addr: str = "127.0.0.1") -> int | None:
+        return self.metrics.start_http_server(port, addr)
+
+    # -- per step (the pipeline)
+    def record_step(self, row: Mapping[str, Any], *, spec: bool = True) -> None:
+        """Record one ``metrics.jsonl`` row: ``step``, ``reward_mean``, the phase seconds
+        (``rollout_seconds``, ``reward_seconds``, ``train_seconds``, ``weight_sync_seconds``), ``policy_version``,
+        ``drafter_version``, per worker ``idle_seconds`` (bubble) and ``trained_seconds`` (from ``workers``), and
+        with ``spec`` the per-drafter ``drafted`` / ``accepted`` totals of ``drafters`` (leave ``spec=False``
+        when the rollout actors call ``record_spec`` themselves). Missing or None keys are skipped."""
+
+        def num(key: str) -> float | None:
+            v = row.get(key)
+            return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+        if (v := num("step")) is not None:
+            self.rl_step.set(v)
+        if (v := num("reward_mean")) is not None:
+            self.reward_mean.set(v)
+        if (v := num("policy_version")) is not None:
+            self.policy_version.set(v)
+        if (v := num("drafter_version")) is not None:
+            self.drafter_version.set(v)
+        for key, phase in STEP_PHASE_KEYS.items():
+            if (v := num(key)) is not None:
+                self.observe_phase(phase, v)
+        for w in row.get("workers") or ():
+            worker = w.get("worker")
+            if worker is None:
+                continue
+            self.add_bubble(worker, w.get("idle_seconds") or 0.0, w.get("trained_seconds") or 0.0)
+        if spec:
+            for drafter, c in (row.get("drafters") or {}).items():
+                self.record_spec(drafter, c.get("drafted") or 0, c.get("accepted") or 0)
+
+    def observe_phase(self, phase: str, seconds: float) -> None:
+        self.step_phase_seconds.observe(max(0.0, float(seconds)), {"phase": phase})
+
+    def record_responses(self, lengths: Iterable[int]) -> None:
+        """One observation per finished response length (tokens)."""
+        for n in lengths:
+            self.response_length_tokens.observe(n)
+
+    # -- speculative decoding (rollout actors)
+    def record_spec(
+        self, drafter: str, drafted: int, accepted: int, acceptance_lengths: Iterable[float] = ()
+    ) -> None:
+        """Drafted / accepted token counts of ``drafter`` and the acceptance lengths (tau per verify step)."""
+        tags = {"drafter": drafter}
+        self.drafted_tokens.inc(drafted, tags)
+        self.accepted_tokens.inc(accepted, tags)
+        for tau in acceptance_lengths:
+            self.acceptance_length.observe(tau, tags)
+
+    def set_active_batch_size(self, worker: str, n: int) -> None:
+        self.active_batch_size.set(n, {"worker": worker})
+
+    def record_arm_selection(self, bucket: str | int, arm: str, n: int = 1) -> None:
+        self.tuner_arm_selections.inc(n, {"bucket": bucket, "arm": arm})
+
+    # -- coordinator / spot trainer
+    def set_worker_state(self, worker: str, state: str) -> None:
+        """1 for ``state`` (a name of ``WORKER_STATES``; a ``WORKER_STATE_`` prefix is dropped), 0 for the rest."""
+        state = str(state).upper().removeprefix("WORKER_STATE_")
+        if state not in WORKER_STATES:
+            raise ValueError(f"unknown worker state {state!r}; expected one of {WORKER_STATES}")
+        for s in WORKER_STATES:
+            self.worker_state.set(1.0 if s == state else 0.0, {"worker": worker, "state": s})
+
+    def add_bubble(self, worker: str, seconds: float, trained_seconds: float = 0.0) -> None:
+        self.bubble_seconds.inc(max(0.0, float(seconds)), {"worker": worker})
+        self.bubble_trained_seconds.inc(max(0.0, float(trained_seconds)), {"worker": worker})
+
+    def set_versions(self, policy: int | None = None, drafter: int | None = None) -> None:
+        if policy is not None:
+            self.policy_version.set(policy)
+        if drafter is not None:
+            self.drafter_version.set(drafter)
+
+
+__all__ = [
+    "BACKENDS",
+    "METRICS",
+    "STEP_PHASE_KEYS",
+    "WORKER_STATES",
+    "Counter",
+    "Gauge",
+    "Histogram",
+    "MetricSpec",
+    "Metrics",
+    "TailspecMetrics",
+    "docs_table",
+    "ray_active",
+]
