@@ -2,6 +2,7 @@
 
     tailspec train --config configs/gsm8k_tiny.yaml [--run-dir DIR] [dotted.key=value ...]
     tailspec base-model --out DIR [--seed N] [--evaluate]
+    tailspec status [--address HOST:PORT] [--token T]
 
 Bad input (config typo, wrong type, missing dataset, malformed JSONL, bad model folder, tokenizer mismatch)
 prints one clear ``error:`` line and exits with status 2; no summary.json is written.
@@ -51,6 +52,11 @@ def cmd_base_model(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["status"]:  # the coordinator's gRPC status, see services/common/status_cli.py
+        from services.common.status_cli import main as status_main
+
+        return int(status_main(argv[1:]) or 0)
     ap = argparse.ArgumentParser(
         prog="tailspec", description="GRPO with adaptive lossless speculative rollouts"
     )
@@ -65,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--evaluate", action="store_true", help="also report format rate and length quantiles")
     b.set_defaults(fn=cmd_base_model)
+    sub.add_parser("status", help="ask the coordinator over gRPC for workers, states, versions and the step")
     args = ap.parse_args(argv)
     return args.fn(args)
 
