@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -92,6 +93,21 @@ class RolloutConfig:
 
 
 @dataclass
+class TunerSection:
+    """The adaptive strategy (services/tuner): bandit over arms per batch-size bucket + length-aware budgets.
+
+    With ``enabled`` the rollout actors ignore ``rollout.speculative.drafter`` and follow the tuner's table.
+    ``arms``: list of {drafter, max_draft_tokens, tree_width, tree_depth} (null = the shipped defaults, minus
+    drafters the run does not have); ``bandit``: BanditConfig fields; ``budgets``: BudgetConfig fields.
+    """
+
+    enabled: bool = True
+    arms: list[Any] | None = None
+    bandit: dict[str, Any] = field(default_factory=dict)
+    budgets: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class RayConfig:
     address: str | None = None  # None: $RAY_ADDRESS if set, else start a local cluster; "auto" joins one
     num_cpus: int | None = None
@@ -106,6 +122,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    tuner: TunerSection = field(default_factory=TunerSection)
     ray: RayConfig = field(default_factory=RayConfig)
 
 
@@ -142,6 +159,17 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(
                 f"config key {key!r} {why} (got {OmegaConf.select(OmegaConf.structured(cfg), key)!r})"
             )
+    from services.tuner.arms import TunerConfigError, parse_arms
+    from services.tuner.bandit import BanditConfig
+    from services.tuner.budgets import BudgetConfig
+
+    try:
+        if cfg.tuner.arms is not None:
+            parse_arms(cfg.tuner.arms, "tuner.arms")
+        BanditConfig.from_dict(cfg.tuner.bandit, "tuner.bandit")
+        BudgetConfig.from_dict(cfg.tuner.budgets, "tuner.budgets")
+    except TunerConfigError as e:
+        raise ConfigError(str(e)) from None
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:

@@ -155,6 +155,19 @@ class RLDriver:
             max_new_tokens=cfg.rollout.max_new_tokens,
         )
         n = cfg.rollout.num_actors
+        self.tuner = None
+        table = None
+        if cfg.tuner.enabled:
+            from services.tuner.service import TunerService
+
+            ckpt = str(self.run_dir / "checkpoints" / "tuner_state.json")
+            self.tuner = ActorPool.create(
+                TunerService,
+                [(cfg.tuner.arms, dict(cfg.tuner.bandit), self.available_drafters(), ckpt)],
+                cfg.ray.use_ray,
+                num_cpus=0,
+            )
+            table = self.tuner.call(0, "table")
         self.rollout = ActorPool.create(
             RolloutWorker,
             [(i, str(self.model_path), sampling) for i in range(n)],
@@ -165,6 +178,8 @@ class RLDriver:
                     max_batch_size=cfg.rollout.max_batch_size,
                     threads=cfg.rollout.threads_per_actor,
                     speculative=asdict(cfg.rollout.speculative),
+                    tuner_table=table,
+                    tuner_budgets=dict(cfg.tuner.budgets),
                 )
                 for _ in range(n)
             ],
@@ -178,8 +193,25 @@ class RLDriver:
             num_cpus=0,
         )
 
+    @property
+    def speculating(self) -> bool:
+        return self.cfg.tuner.enabled or (
+            self.cfg.rollout.speculative.enabled and self.cfg.rollout.speculative.drafter != "off"
+        )
+
+    @property
+    def strategy_name(self) -> str:
+        return "tuner" if self.cfg.tuner.enabled else self.cfg.rollout.speculative.drafter
+
+    def available_drafters(self) -> list[str]:
+        return ["suffix", "ngram"]
+
     def _stop_services(self) -> None:
-        for pool in (getattr(self, "rollout", None), getattr(self, "trainer", None)):
+        for pool in (
+            getattr(self, "rollout", None),
+            getattr(self, "trainer", None),
+            getattr(self, "tuner", None),
+        ):
             if pool is not None:
                 pool.shutdown()
         if getattr(self, "_owns_ray", False):
@@ -216,7 +248,7 @@ class RLDriver:
         shards = assign_groups([(pid, self.lengths.predict(pid)) for pid in reqs], len(self.rollout))
         t0 = time.perf_counter()
         spec = self.cfg.rollout.speculative
-        measure = spec.enabled and spec.speedup_sample_prompts > 0
+        measure = (spec.enabled or self.cfg.tuner.enabled) and spec.speedup_sample_prompts > 0
         results: list[ShardResult] = self.rollout.call_all(
             "rollout", [([r for pid in shard for r in reqs[pid]], step, measure) for shard in shards]
         )
@@ -226,7 +258,32 @@ class RLDriver:
             # replay a fixed sample (the first groups of worker 0's shard) with speculation off and on
             sample = [r for pid in shards[0][: spec.speedup_sample_prompts] for r in reqs[pid]]
             self.speedup = self.rollout.call(0, "measure_speedup", sample)
+        self.tuner_row = self._tune() if self.tuner is not None else None
         return reqs, results, rollout_s
+
+    def _tune(self) -> dict:
+        """Observations from every rollout actor, in one batch, into the central tuner; new table back."""
+        drained = self.rollout.call_all("drain_observations", [()] * len(self.rollout))
+        obs = [o for d in drained for o in d["observations"]]
+        choices: dict[str, int] = {}
+        for d in drained:
+            for arm, c in d["choices"].items():
+                choices[arm] = choices.get(arm, 0) + c
+        table = self.tuner.call(0, "merge", obs)
+        self.rollout.call_all("update_table", [(table,)] * len(self.rollout))
+        stats = self.tuner.call(0, "stats")
+        buckets = [b for b in stats["buckets"] if b["observations"]]
+        chosen = sum(b["chosen"] for b in buckets)
+        return {
+            "table_version": table["version"],
+            "observations": len(obs),
+            "choices": choices,
+            "best_by_bucket": {_bucket_name(b): b["best"] for b in buckets},
+            "exploration_fraction": sum(b["explored"] for b in buckets) / chosen if chosen else 0.0,
+            "arm_reward_median": {
+                _bucket_name(b): {a: v["median"] for a, v in b["arms"].items() if v["n"]} for b in buckets
+            },
+        }
 
     def step(self, step: int) -> dict:
         cfg = self.cfg
@@ -301,6 +358,7 @@ class RLDriver:
             "kl_mean": stats["kl_mean"],
             "grad_norm": stats["grad_norm"],
             **self._spec_metrics(list(outputs.values())),
+            **({"tuner": self.tuner_row} if self.tuner_row else {}),
             "workers": [
                 {
                     "worker": res.worker,
@@ -315,12 +373,12 @@ class RLDriver:
         return row
 
     def _spec_metrics(self, outputs: list) -> dict:
-        if not self.cfg.rollout.speculative.enabled:
+        if not self.speculating:
             return {}
         from services.rollout_actor.speculative.stats import aggregate
 
         m = aggregate(outputs)
-        m["strategy"] = self.cfg.rollout.speculative.drafter
+        m["strategy"] = self.strategy_name
         if self.speedup:
             m["rollout_speedup_vs_plain"] = self.speedup["speedup"]
             m["speedup_measurement"] = {
@@ -361,6 +419,10 @@ class RLDriver:
             self.run_dir / "plots" / "training_curves.png",
             "GRPO on GSM8K",
         )
+        if any("tuner" in r for r in self.rows):
+            from services.pipeline.outputs import plot_tuner_arms
+
+            plot_tuner_arms(self.rows, self.run_dir / "plots" / "tuner_arms.png")
         summary = self._summary(time.perf_counter() - t_run, ckpt)
         writer.write_summary(summary)
         _print_table(self.console, self.rows, summary)
@@ -389,6 +451,26 @@ class RLDriver:
             ),
             "checkpoint": str(ckpt) if ckpt else None,
             **self._spec_summary(),
+            **self._tuner_summary(),
+        }
+
+    def _tuner_summary(self) -> dict:
+        rows = [r["tuner"] for r in self.rows if "tuner" in r]
+        if not rows:
+            return {}
+        choices: dict[str, int] = {}
+        for t in rows:
+            for a, c in t["choices"].items():
+                choices[a] = choices.get(a, 0) + c
+        return {
+            "tuner": {
+                "table_version": rows[-1]["table_version"],
+                "observations_total": sum(t["observations"] for t in rows),
+                "choices_total": choices,
+                "best_by_bucket": rows[-1]["best_by_bucket"],
+                "exploration_fraction": rows[-1]["exploration_fraction"],
+                "arm_reward_median": rows[-1]["arm_reward_median"],
+            }
         }
 
     def _spec_summary(self) -> dict:
@@ -402,7 +484,7 @@ class RLDriver:
         verify = sum(r["verify_steps"] for r in rows)
         speedups = [r["rollout_speedup_vs_plain"] for r in rows if r.get("rollout_speedup_vs_plain")]
         return {
-            "speculative_strategy": self.cfg.rollout.speculative.drafter,
+            "speculative_strategy": self.strategy_name,
             "drafted_tokens_total": drafted,
             "accepted_tokens_total": accepted,
             "acceptance_length_mean": (accepted + verify) / verify if verify else None,
@@ -412,6 +494,10 @@ class RLDriver:
             "rollout_speedup_vs_plain_method": "mean over steps of a replayed sample of each step's prompts, "
             "speculation off vs on on the same worker (not the live rollout)",
         }
+
+
+def _bucket_name(b: dict) -> str:
+    return f"{b['lo']}-{b['hi'] - 1}" if b.get("hi") else f"{b['lo']}+"
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> None:

@@ -116,3 +116,57 @@ def plot_curves(rows: list[dict], keys: list[str], path: Path, title: str) -> No
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_tuner_arms(rows: list[dict], path: Path) -> None:
+    """Tuner: arm choices per RL step (stacked share of decode steps) and the best arm per batch-size bucket."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tuned = [r for r in rows if "tuner" in r]
+    steps = [r["step"] for r in tuned]
+    arms = sorted(
+        {a for r in tuned for a in r["tuner"]["choices"]}
+        | {a for r in tuned for a in r["tuner"]["best_by_bucket"].values()}
+    )
+    buckets = sorted(
+        {b for r in tuned for b in r["tuner"]["best_by_bucket"]},
+        key=lambda b: int(b.split("-")[0].rstrip("+")),
+    )
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.2))
+    bottom = np.zeros(len(tuned))
+    cmap = plt.get_cmap("tab20")
+    for k, a in enumerate(arms):
+        tot = np.array([max(1, sum(r["tuner"]["choices"].values())) for r in tuned], dtype=float)
+        v = np.array([r["tuner"]["choices"].get(a, 0) for r in tuned], dtype=float) / tot
+        ax1.bar(steps, v, bottom=bottom, color=cmap(k % 20), label=a)
+        bottom += v
+    ax1.set_xlabel("RL step")
+    ax1.set_ylabel("share of decode steps")
+    ax1.set_title("arm chosen (all buckets; exploration included)")
+    ax1.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    grid = np.full((len(buckets), len(tuned)), np.nan)
+    for j, r in enumerate(tuned):
+        for i, b in enumerate(buckets):
+            best = r["tuner"]["best_by_bucket"].get(b)
+            if best is not None:
+                grid[i, j] = arms.index(best)
+    ax2.imshow(
+        grid,
+        aspect="auto",
+        cmap=matplotlib.colors.ListedColormap([cmap(k % 20) for k in range(len(arms))]),
+        vmin=-0.5,
+        vmax=len(arms) - 0.5,
+        origin="lower",
+    )
+    ax2.set_yticks(range(len(buckets)), [f"batch {b}" for b in buckets])
+    ax2.set_xticks(range(len(tuned)), steps)
+    ax2.set_xlabel("RL step")
+    ax2.set_title("best arm per active-batch bucket (colors as left)")
+    explo = [r["tuner"]["exploration_fraction"] for r in tuned]
+    fig.suptitle(f"Tuner: exploration fraction {explo[-1]:.2f} at the last step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

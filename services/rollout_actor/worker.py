@@ -92,6 +92,8 @@ class RolloutWorker:
         drafters: dict | None = None,
         max_seq_len: int | None = None,
         speculative: dict | None = None,
+        tuner_table: dict | None = None,
+        tuner_budgets: dict | None = None,
     ):
         torch.set_num_threads(max(1, threads))
         from tokenizers import Tokenizer
@@ -106,7 +108,35 @@ class RolloutWorker:
         self.strategy = strategy_from_config(speculative)
         self.drafters = drafters if drafters is not None else build_drafters()
         self._pre_rollout_state: dict | None = None
+        self.tuned = None
+        if tuner_table is not None and policy is None:
+            from services.tuner.budgets import BudgetConfig
+            from services.tuner.policy import TunedStrategyPolicy
+
+            self.tuned = TunedStrategyPolicy(
+                tuner_table, BudgetConfig.from_dict(tuner_budgets or {}), seed=worker_id
+            )
+            policy = self.tuned
         self.engine = self._new_engine(self.drafters, policy or FixedPolicy(self.strategy))
+
+    # ------------------------------------------------------------------ tuner (in-process table copy)
+    def update_table(self, table: dict) -> int:
+        """Install the central tuner's newer strategy table (between rollout phases)."""
+        if self.tuned is not None:
+            self.tuned.update_table(table)
+        return int(table.get("version", 0))
+
+    def drain_observations(self) -> dict:
+        """This actor's per-step observations since the last drain (sent to the tuner in one batch)."""
+        if self.tuned is None:
+            return {"observations": [], "choices": {}}
+        choices, self.tuned.choices = self.tuned.choices, {}
+        return {"observations": self.tuned.drain_observations(), "choices": choices}
+
+    def _replay_policy(self) -> StrategyPolicy:
+        if self.tuned is None:
+            return FixedPolicy(self.strategy)
+        return copy.deepcopy(self.tuned)
 
     def _new_engine(self, drafters: dict, policy: StrategyPolicy) -> Engine:
         return Engine(
@@ -168,6 +198,8 @@ class RolloutWorker:
         started = time.time()
         outs = self.engine.generate(reqs) if reqs else []
         finished = time.time()
+        if self.tuned is not None:
+            self.tuned.record_lengths([(o.problem_id, len(o.token_ids)) for o in outs])
         return ShardResult(
             self.worker_id, self.policy_version, started, finished, outs, list(self.engine.step_log)
         )
@@ -179,7 +211,7 @@ class RolloutWorker:
         the replay uses fresh seeds so it never sees its own earlier outputs. Returns seconds and tokens
         of both, and ``speedup = plain_seconds / spec_seconds`` (a *replayed sample*, not the live rollout).
         """
-        if self.strategy.is_off:
+        if self.strategy.is_off and self.tuned is None:
             return {}
         out = {"plain_seconds": 0.0, "spec_seconds": 0.0, "plain_tokens": 0, "spec_tokens": 0, "requests": 0}
         for rep in range(repeats):
@@ -191,7 +223,7 @@ class RolloutWorker:
                     fresh.load_state_dict(copy.deepcopy(self._pre_rollout_state[name]))
                 drafters[name] = fresh
             for mode in ("plain", "spec") if rep % 2 == 0 else ("spec", "plain"):
-                policy = FixedPolicy(self.strategy if mode == "spec" else Strategy())
+                policy = self._replay_policy() if mode == "spec" else FixedPolicy(Strategy())
                 eng = self._new_engine(drafters if mode == "spec" else {}, policy)
                 t0 = time.perf_counter()
                 outs = eng.generate(reqs)
