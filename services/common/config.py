@@ -108,6 +108,16 @@ class TunerSection:
 
 
 @dataclass
+class MetricsSection:
+    """Prometheus metrics (services/common/metrics.py). Inside Ray, Ray's metrics agent exports them; outside Ray
+    (ray.use_ray=false) ``port`` starts a prometheus_client endpoint on ``host`` (0 = a free port)."""
+
+    enabled: bool = True
+    port: int | None = None
+    host: str = "127.0.0.1"
+
+
+@dataclass
 class RayConfig:
     address: str | None = None  # None: $RAY_ADDRESS if set, else start a local cluster; "auto" joins one
     num_cpus: int | None = None
@@ -123,6 +133,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     tuner: TunerSection = field(default_factory=TunerSection)
+    metrics: MetricsSection = field(default_factory=MetricsSection)
     ray: RayConfig = field(default_factory=RayConfig)
 
 

@@ -146,8 +146,20 @@ class RLDriver:
         if cfg.ray.use_ray:
             import ray
 
-            self._owns_ray = not ray.is_initialized()
-            self.log(init_ray(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.temp_dir))
+            if not ray.is_initialized():
+                self._owns_ray = True
+                self.log(init_ray(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.temp_dir))
+        self.metrics = None
+        self.metrics_endpoint = None
+        if cfg.metrics.enabled:
+            from services.common.metrics import TailspecMetrics
+
+            backend = "ray" if cfg.ray.use_ray else "prometheus"
+            self.metrics = TailspecMetrics(backend=backend)
+            if cfg.metrics.port is not None and backend == "prometheus":
+                port = self.metrics.start_http_server(cfg.metrics.port, cfg.metrics.host)
+                self.metrics_endpoint = f"http://{cfg.metrics.host}:{port}/metrics"
+                self.log(f"metrics: {self.metrics_endpoint}")
         sampling = dict(
             temperature=cfg.rollout.temperature,
             top_p=cfg.rollout.top_p,
@@ -192,6 +204,18 @@ class RLDriver:
             cfg.ray.use_ray,
             num_cpus=0,
         )
+
+    def _export_metrics(self, row: dict) -> None:
+        """The step's row to Prometheus (same numbers as metrics.jsonl)."""
+        m = self.metrics
+        if m is None:
+            return
+        m.record_step(row)
+        m.record_responses(self.lengths_per_step[-1])
+        for arm, n in ((row.get("tuner") or {}).get("choices") or {}).items():
+            m.record_arm_selection("all", arm, n)
+        for w in row.get("workers", []):
+            m.set_worker_state(str(w["worker"]), "IDLE")
 
     @property
     def speculating(self) -> bool:
@@ -400,6 +424,7 @@ class RLDriver:
             for step in range(1, cfg.trainer.steps + 1):
                 row = self.step(step)
                 writer.append_metrics(row)
+                self._export_metrics(row)
                 self.rows.append(row)
                 progress.update(row)
             progress.close()
@@ -450,6 +475,7 @@ class RLDriver:
                 / self.cfg.data.train_file
             ),
             "checkpoint": str(ckpt) if ckpt else None,
+            "metrics_endpoint": self.metrics_endpoint,
             **self._spec_summary(),
             **self._tuner_summary(),
         }
