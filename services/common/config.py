@@ -78,6 +78,11 @@ class SpeculativeConfig:
     tree_depth: int = 0
     # rollout_speedup_vs_plain: replay this many of each step's prompts (x G) with speculation off and on
     speedup_sample_prompts: int = 2
+    # the learned (EAGLE) drafter and the suffix+learned hybrid; checkpoint null = a fresh seeded draft head
+    learned: bool = True
+    learned_checkpoint: str | None = None
+    eagle3: bool = False
+    hybrid_threshold: float = 1.0
 
 
 @dataclass

@@ -192,6 +192,7 @@ class RLDriver:
                     speculative=asdict(cfg.rollout.speculative),
                     tuner_table=table,
                     tuner_budgets=dict(cfg.tuner.budgets),
+                    learned=self.learned_cfg(),
                 )
                 for _ in range(n)
             ],
@@ -227,8 +228,20 @@ class RLDriver:
     def strategy_name(self) -> str:
         return "tuner" if self.cfg.tuner.enabled else self.cfg.rollout.speculative.drafter
 
+    def learned_cfg(self) -> dict | None:
+        spec = self.cfg.rollout.speculative
+        if not spec.learned:
+            return None
+        ckpt = str(resolve_path(spec.learned_checkpoint)) if spec.learned_checkpoint else None
+        return {
+            "checkpoint": ckpt,
+            "eagle3": spec.eagle3,
+            "seed": self.cfg.run.seed,
+            "hybrid_threshold": spec.hybrid_threshold,
+        }
+
     def available_drafters(self) -> list[str]:
-        return ["suffix", "ngram"]
+        return ["suffix", "ngram"] + (["learned", "hybrid"] if self.cfg.rollout.speculative.learned else [])
 
     def _stop_services(self) -> None:
         for pool in (

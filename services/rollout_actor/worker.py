@@ -21,8 +21,16 @@ from services.rollout_actor.speculative.base import Drafter
 from services.rollout_actor.speculative.strategy import FixedPolicy, Strategy, StrategyPolicy
 
 
-def build_drafters(names: list[str] | tuple[str, ...] = ("suffix", "ngram")) -> dict[str, Drafter]:
-    """The nonparametric drafters by name (the learned drafter needs the target: see ``eagle.py``)."""
+def build_drafters(
+    target: Transformer | None = None,
+    names: list[str] | tuple[str, ...] = ("suffix", "ngram"),
+    learned: dict | None = None,
+) -> dict[str, Drafter]:
+    """Drafters by name: ``suffix``, ``ngram``, and with ``learned`` (and a target) ``learned`` + ``hybrid``.
+
+    ``learned``: {checkpoint: EAGLE folder or None (a fresh, seeded draft head), eagle3: bool, seed: int,
+    hybrid_threshold: float}. ``hybrid`` shares the ``suffix`` and ``learned`` instances (no duplicate history).
+    """
     from services.rollout_actor.speculative.ngram import NgramDrafter
     from services.rollout_actor.speculative.suffix_tree import SuffixTreeDrafter
 
@@ -30,7 +38,24 @@ def build_drafters(names: list[str] | tuple[str, ...] = ("suffix", "ngram")) -> 
     unknown = [n for n in names if n not in make]
     if unknown:
         raise ValueError(f"unknown drafter(s) {unknown}; known: {sorted(make)}")
-    return {n: make[n]() for n in names}
+    out: dict[str, Drafter] = {n: make[n]() for n in names}
+    if learned is not None and target is not None:
+        from services.rollout_actor.speculative.eagle import EagleConfig, EagleDrafter, default_fuse_layers
+        from services.rollout_actor.speculative.hybrid import HybridDrafter
+
+        if learned.get("checkpoint"):
+            eagle = EagleDrafter.from_pretrained(learned["checkpoint"], target)
+        else:
+            fuse = default_fuse_layers(target.config.num_hidden_layers) if learned.get("eagle3") else None
+            eagle = EagleDrafter(
+                target, config=EagleConfig(fuse_layers=fuse, seed=int(learned.get("seed", 0)))
+            )
+        out["learned"] = eagle
+        if "suffix" in out:
+            out["hybrid"] = HybridDrafter(
+                out["suffix"], eagle, float(learned.get("hybrid_threshold", 1.0)), forward_events=False
+            )
+    return out
 
 
 def strategy_from_config(spec: dict | None) -> Strategy:
@@ -94,6 +119,7 @@ class RolloutWorker:
         speculative: dict | None = None,
         tuner_table: dict | None = None,
         tuner_budgets: dict | None = None,
+        learned: dict | None = None,
     ):
         torch.set_num_threads(max(1, threads))
         from tokenizers import Tokenizer
@@ -106,7 +132,11 @@ class RolloutWorker:
         self.max_seq_len = max_seq_len or min(self.model.config.max_position_embeddings, 1024)
         self.max_batch_size = max_batch_size
         self.strategy = strategy_from_config(speculative)
-        self.drafters = drafters if drafters is not None else build_drafters()
+        self.learned_cfg = learned
+        self.drafters = drafters if drafters is not None else build_drafters(self.model, learned=learned)
+        learned_drafter = self.drafters.get("learned")
+        self.hidden_layers = tuple(getattr(learned_drafter, "required_hidden_layers", ()))
+        self.drafter_version = 0
         self._pre_rollout_state: dict | None = None
         self.tuned = None
         if tuner_table is not None and policy is None:
@@ -146,7 +176,44 @@ class RolloutWorker:
             tokenizer=self.tokenizer,
             drafters=drafters,
             policy=policy,
+            hidden_layers=self.hidden_layers if "learned" in drafters else (),
+            hidden_sink=self.hidden_sink if "learned" in drafters else None,
         )
+
+    hidden_sink = None  # set by the spot-trainer wiring: callback(request_id, positions, tokens, hidden)
+
+    def available_drafters(self) -> list[str]:
+        return sorted(self.drafters)
+
+    def load_drafter(self, state: dict, version: int) -> int:
+        """Install a newer learned-drafter head (between rollout phases, never mid-request)."""
+        d = self.drafters.get("learned")
+        if d is None:
+            raise ValueError(f"worker {self.worker_id} has no learned drafter")
+        d.model.load_state_dict(state)
+        self.drafter_version = version
+        return version
+
+    def _replay_drafters(self) -> dict:
+        """Drafters for a replay, starting from the pre-rollout snapshot of the history-based ones."""
+        out: dict = {}
+        for name, d in self.drafters.items():
+            if name in ("learned", "hybrid"):
+                continue
+            fresh = type(d)()
+            if self._pre_rollout_state is not None:
+                fresh.load_state_dict(copy.deepcopy(self._pre_rollout_state[name]))
+            out[name] = fresh
+        if "learned" in self.drafters:
+            from services.rollout_actor.speculative.hybrid import HybridDrafter
+
+            out["learned"] = self.drafters["learned"]
+            if "hybrid" in self.drafters and "suffix" in out:
+                h = self.drafters["hybrid"]
+                out["hybrid"] = HybridDrafter(
+                    out["suffix"], out["learned"], h.threshold, forward_events=False
+                )
+        return out
 
     def set_strategy(self, strategy: Strategy) -> None:
         self.strategy = strategy
@@ -189,7 +256,11 @@ class RolloutWorker:
         for d in self.drafters.values():
             d.new_step(step)
         self._pre_rollout_state = (
-            {n: copy.deepcopy(d.state_dict()) for n, d in self.drafters.items()}
+            {
+                n: copy.deepcopy(d.state_dict())
+                for n, d in self.drafters.items()
+                if n not in ("learned", "hybrid")
+            }
             if keep_drafter_snapshot
             else None
         )
@@ -216,12 +287,7 @@ class RolloutWorker:
         out = {"plain_seconds": 0.0, "spec_seconds": 0.0, "plain_tokens": 0, "spec_tokens": 0, "requests": 0}
         for rep in range(repeats):
             reqs = self._requests(requests, seed_offset=1_000_000 * (rep + 1))
-            drafters = {}
-            for name, d in self.drafters.items():
-                fresh = type(d)()
-                if self._pre_rollout_state is not None:
-                    fresh.load_state_dict(copy.deepcopy(self._pre_rollout_state[name]))
-                drafters[name] = fresh
+            drafters = self._replay_drafters()
             for mode in ("plain", "spec") if rep % 2 == 0 else ("spec", "plain"):
                 policy = self._replay_policy() if mode == "spec" else FixedPolicy(Strategy())
                 eng = self._new_engine(drafters if mode == "spec" else {}, policy)
