@@ -113,6 +113,21 @@ class TunerSection:
 
 
 @dataclass
+class SpotSection:
+    """Drafter training in rollout bubbles (services/spot_trainer, services/coordinator)."""
+
+    enabled: bool = True  # false: the learned drafter is never trained (its acceptance stays flat)
+    preempt_deadline_s: float = 2.0
+    min_fresh_samples: int = 256  # buffer rows of the current policy versions before a grant
+    capacity_tokens: int = 200_000
+    keep_versions: int = 2  # train on the last K policy versions' hidden states
+    batch_size: int = 32
+    seq_len: int = 4  # consecutive positions per sample (EAGLE unrolls over them)
+    lr: float = 1.0e-3
+    checkpoint_every: int = 50
+
+
+@dataclass
 class MetricsSection:
     """Prometheus metrics (services/common/metrics.py). Inside Ray, Ray's metrics agent exports them; outside Ray
     (ray.use_ray=false) ``port`` starts a prometheus_client endpoint on ``host`` (0 = a free port)."""
@@ -138,6 +153,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     tuner: TunerSection = field(default_factory=TunerSection)
+    spot: SpotSection = field(default_factory=SpotSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     ray: RayConfig = field(default_factory=RayConfig)
 

@@ -7,6 +7,7 @@ calls run concurrently on the actors and are gathered with ``ray.get``).
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -49,6 +50,7 @@ class ActorPool:
     def __init__(self, members: Sequence[Any], use_ray: bool):
         self.members = list(members)
         self.use_ray = use_ray
+        self._threads: cf.ThreadPoolExecutor | None = None
 
     @staticmethod
     def create(
@@ -58,13 +60,14 @@ class ActorPool:
         num_cpus: float = 1,
         kwargs_list=None,
         name_prefix: str | None = None,
+        max_concurrency: int = 1,
     ) -> ActorPool:
         kwargs_list = kwargs_list or [{} for _ in args_list]
         if not use_ray:
             return ActorPool([cls(*a, **k) for a, k in zip(args_list, kwargs_list)], False)
         import ray
 
-        remote = ray.remote(num_cpus=num_cpus, max_restarts=0)(cls)
+        remote = ray.remote(num_cpus=num_cpus, max_restarts=0, max_concurrency=max_concurrency)(cls)
         members = []
         for i, (a, k) in enumerate(zip(args_list, kwargs_list)):
             opts = {"name": f"{name_prefix}-{i}"} if name_prefix else {}
@@ -89,7 +92,18 @@ class ActorPool:
 
         return ray.get([getattr(self.members[i], m).remote(*a) for i, m, a in calls])
 
+    def submit(self, i: int, method: str, *args) -> cf.Future:
+        """Start a call without waiting: a ``concurrent.futures.Future`` (in-process calls run in threads, so
+        members work concurrently as Ray actors would; torch releases the GIL in its kernels)."""
+        if self.use_ray:
+            return getattr(self.members[i], method).remote(*args).future()
+        if self._threads is None:
+            self._threads = cf.ThreadPoolExecutor(max_workers=max(4, 2 * len(self.members)))
+        return self._threads.submit(getattr(self.members[i], method), *args)
+
     def shutdown(self) -> None:
+        if self._threads is not None:
+            self._threads.shutdown(wait=True)
         if self.use_ray:
             import ray
 

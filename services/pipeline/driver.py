@@ -15,6 +15,7 @@ With ``ray.use_ray=false`` the same services run in-process (tests, debugging). 
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import os
 import random
 import time
@@ -138,6 +139,7 @@ class RLDriver:
         self.cursor = 0
         self.lengths = LengthPredictor()
         self.rows: list[dict] = []
+        self.drafter_version = 0
         self.lengths_per_step: list[list[int]] = []
 
     # ------------------------------------------------------------------ services
@@ -197,6 +199,7 @@ class RLDriver:
                 for _ in range(n)
             ],
         )
+        self._start_bubble_services(n)
         from services.policy_trainer.actor import PolicyTrainerService
 
         self.trainer = ActorPool.create(
@@ -227,6 +230,71 @@ class RLDriver:
     @property
     def strategy_name(self) -> str:
         return "tuner" if self.cfg.tuner.enabled else self.cfg.rollout.speculative.drafter
+
+    def _start_bubble_services(self, n: int) -> None:
+        """Coordinator (in the driver process), bubble accounting, and the spot trainer when it can run."""
+        from services.coordinator.coordinator import Coordinator
+        from services.spot_trainer.bubbles import BubbleAccounting
+
+        cfg = self.cfg
+        self.coordinator = Coordinator(
+            preempt_deadline_s=cfg.spot.preempt_deadline_s, min_fresh_samples=cfg.spot.min_fresh_samples
+        )
+        for i in range(n):
+            self.coordinator.register(str(i), {"cpus": cfg.rollout.threads_per_actor})
+            self.coordinator.ready(str(i))
+        self.bubbles = BubbleAccounting()
+        self.spot = None
+        self.spot_grants = []
+        if not (cfg.spot.enabled and cfg.rollout.speculative.learned):
+            return
+        from services.spot_trainer.service import SpotTrainerService
+
+        s = cfg.spot
+        kwargs = dict(
+            eagle3=cfg.rollout.speculative.eagle3,
+            seed=cfg.run.seed,
+            capacity_tokens=s.capacity_tokens,
+            keep_versions=s.keep_versions,
+            batch_size=s.batch_size,
+            seq_len=s.seq_len,
+            lr=s.lr,
+            checkpoint_every=s.checkpoint_every,
+            min_samples=s.min_fresh_samples,
+        )
+        ckpt = str(self.run_dir / "checkpoints" / "spot_trainer")
+        self.spot = ActorPool.create(
+            SpotTrainerService,
+            [(str(self.model_path), ckpt)],
+            cfg.ray.use_ray,
+            num_cpus=0,
+            kwargs_list=[kwargs],
+            max_concurrency=4,
+        )
+        address = self.spot.call(0, "address")
+        self.rollout.call_all("connect_spot_trainer", [(address,)] * n)
+
+    def _after_update(self, state, version: int) -> dict:
+        """Phase boundary: the spot trainer follows the policy; a newly trained drafter is published and
+        installed on every rollout actor (never in the middle of a request)."""
+        if self.spot is None:
+            return {}
+        self.spot.call(0, "update_policy", state, version)
+        out: dict = {"spot_grants": len(self.spot_grants)}
+        if self.spot_grants:
+            dv, head = self.spot.call(0, "publish")
+            self.rollout.call_all("load_drafter", [(head, dv)] * len(self.rollout))
+            self.drafter_version = dv
+            g = self.spot_grants[-1]
+            out.update(
+                spot_train_steps=sum(x["steps"] for x in self.spot_grants),
+                spot_top1=g.get("top1"),
+                spot_loss=g.get("loss"),
+            )
+        st = self.spot.call(0, "stats")
+        out["spot_buffer_tokens"] = st["buffer"].get("tokens")
+        out["spot_buffer_dropped"] = st["buffer"].get("dropped")
+        return out
 
     def learned_cfg(self) -> dict | None:
         spec = self.cfg.rollout.speculative
@@ -286,8 +354,8 @@ class RLDriver:
         t0 = time.perf_counter()
         spec = self.cfg.rollout.speculative
         measure = (spec.enabled or self.cfg.tuner.enabled) and spec.speedup_sample_prompts > 0
-        results: list[ShardResult] = self.rollout.call_all(
-            "rollout", [([r for pid in shard for r in reqs[pid]], step, measure) for shard in shards]
+        results = self._rollout_phase(
+            step, [[r for pid in shard for r in reqs[pid]] for shard in shards], measure
         )
         rollout_s = time.perf_counter() - t0
         self.speedup = None
@@ -297,6 +365,58 @@ class RLDriver:
             self.speedup = self.rollout.call(0, "measure_speedup", sample)
         self.tuner_row = self._tune() if self.tuner is not None else None
         return reqs, results, rollout_s
+
+    def _rollout_phase(
+        self, step: int, shards: list[list[RolloutRequest]], measure: bool
+    ) -> list[ShardResult]:
+        """Every actor decodes its shard; an actor that finishes early goes IDLE and, when the hidden-state
+        buffer holds enough fresh data, the coordinator grants its bubble to the spot trainer, which trains
+        the learned drafter until the phase ends (PREEMPT, deadline ``spot.preempt_deadline_s``)."""
+        coord = self.coordinator
+        coord.phase_started(step)
+        if self.spot is not None:
+            self.spot.call(0, "open_phase")
+        for i in range(len(shards)):
+            coord.rollout_started(str(i), step)
+        futures = {
+            self.rollout.submit(i, "rollout", shard, step, measure): i for i, shard in enumerate(shards)
+        }
+        results: dict[int, ShardResult] = {}
+        training: dict[str, tuple] = {}  # worker -> (future, grant)
+        pending = set(futures)
+        while pending:
+            done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+            for f in done:
+                i = futures[f]
+                results[i] = f.result()
+                grants = [g for g in [coord.rollout_finished(str(i))] if g is not None]
+                if self.spot is not None:
+                    grants += coord.buffer_ready(int(self.spot.call(0, "num_fresh")))
+                for g in grants:
+                    if pending:  # a bubble exists only while other actors still decode
+                        training[g.worker_id] = (self.spot.submit(0, "train", int(g.worker_id)), g)
+                    else:  # the phase is over: hand the worker straight back
+                        coord.request_resources([g.worker_id], "rollout phase over")
+                        coord.training_stopped(g.worker_id, g.grant_id)
+        phase_end = time.time()
+        trained: dict[str, float] = {}
+        self.spot_grants = []
+        if training:
+            if coord.request_resources(list(training), "rollout phase over: policy update"):
+                self.spot.call(0, "preempt")
+            deadline = self.cfg.spot.preempt_deadline_s
+            for w, (f, g) in training.items():
+                try:
+                    out = f.result(timeout=deadline + 60)
+                except cf.TimeoutError:  # the in-flight step overran the deadline by far: give up on it
+                    coord.tick()
+                    continue
+                coord.training_stopped(w, g.grant_id, out.get("step"))
+                trained[w] = out["seconds"]
+                self.spot_grants.append(out)
+        for i, res in results.items():
+            self.bubbles.record(step, str(i), res.finished_at, phase_end, trained.get(str(i), 0.0))
+        return [results[i] for i in sorted(results)]
 
     def _tune(self) -> dict:
         """Observations from every rollout actor, in one batch, into the central tuner; new table back."""
@@ -366,6 +486,8 @@ class RLDriver:
             state = ray.put(state)
         self.rollout.call_all("load_weights", [(state, version)] * len(self.rollout))
         sync_s = time.perf_counter() - t0
+        spot_row = self._after_update(state, version)
+        bubble = self.bubbles.metrics(step)
 
         lens = [len(o.token_ids) for grp in groups for _, o, _ in grp]
         all_rb = [rb for grp in groups for _, _, rb in grp]
@@ -396,6 +518,11 @@ class RLDriver:
             "grad_norm": stats["grad_norm"],
             **self._spec_metrics(list(outputs.values())),
             **({"tuner": self.tuner_row} if self.tuner_row else {}),
+            "bubble_seconds": bubble["bubble_idle_s"],
+            "bubble_trained_seconds": bubble["bubble_trained_s"],
+            "bubble_utilization": bubble["bubble_utilization"],
+            "drafter_version": self.drafter_version,
+            **spot_row,
             "workers": [
                 {
                     "worker": res.worker,
@@ -403,6 +530,14 @@ class RLDriver:
                     "tokens": int(sum(len(o.token_ids) for o in res.outputs)),
                     "rollout_seconds": res.finished_at - res.started_at,
                     "idle_seconds": end - res.finished_at,
+                    "trained_seconds": next(
+                        (
+                            r.trained
+                            for r in self.bubbles.records
+                            if r.step == step and r.worker == str(res.worker)
+                        ),
+                        0.0,
+                    ),
                 }
                 for res in results
             ],
@@ -457,6 +592,15 @@ class RLDriver:
             self.run_dir / "plots" / "training_curves.png",
             "GRPO on GSM8K",
         )
+        if getattr(self, "coordinator", None) is not None:
+            from services.spot_trainer.bubbles import plot_worker_timeline
+
+            plot_worker_timeline(
+                self.coordinator.timeline(),
+                self.run_dir / "plots" / "worker_timeline.png",
+                phases=getattr(self.coordinator, "phases", None),
+                title="rollout / idle / training / preempting per worker",
+            )
         if any("tuner" in r for r in self.rows):
             from services.pipeline.outputs import plot_tuner_arms
 
@@ -491,6 +635,22 @@ class RLDriver:
             "metrics_endpoint": self.metrics_endpoint,
             **self._spec_summary(),
             **self._tuner_summary(),
+            **self._bubble_summary(),
+        }
+
+    def _bubble_summary(self) -> dict:
+        t = self.bubbles.totals()
+        learned = [
+            (r["step"], (r.get("drafters") or {}).get("learned", {}).get("acceptance_rate"))
+            for r in self.rows
+        ]
+        return {
+            "bubble_seconds_total": t["idle_seconds"],
+            "bubble_trained_seconds_total": t["trained_seconds"],
+            "bubble_utilization": t["bubble_utilization"],
+            "drafter_version": self.drafter_version,
+            "spot_training": bool(self.spot is not None),
+            "learned_acceptance_rate_by_step": learned,
         }
 
     def _tuner_summary(self) -> dict:

@@ -130,8 +130,9 @@ class Engine:
         policy: per-step ``StrategyPolicy`` (default: speculation off).
         hidden_layers: target layers whose hidden states the learned drafter reads (``num_hidden_layers`` =
             the final normed state). Empty: no hidden states are kept.
-        hidden_sink: optional callback ``(request_id, positions [n], tokens [n], hidden [n, ...])`` receiving the
-            target hidden states of committed tokens (the spot trainer's buffer feeds on it).
+        hidden_sink: optional callback ``(request_id, positions [n], tokens [n], hidden [n, k, H])`` receiving,
+            for every committed position, the token read there and the target hidden states after reading it
+            (the spot trainer's buffer feeds on it; prompt positions are not reported).
         seed: base seed for requests without their own.
     """
 
@@ -437,9 +438,12 @@ class Engine:
                 h = hid[i, ri[-1]]
                 r.hidden = h[0] if h.shape[0] == 1 else h
                 if self.hidden_sink is not None:
-                    # (position of input token, the token that follows it, its hidden states): EAGLE pairs
+                    # committed positions, the token read at each (root, accepted nodes), and the hidden
+                    # state after reading it: EAGLE's (token_t, feature_t) rows, consecutive per request
                     start = int(base[i])
-                    self.hidden_sink(r.req.request_id, list(range(start, start + len(ri))), tk, hid[i, ri])
+                    self.hidden_sink(
+                        r.req.request_id, list(range(start, start + len(ri))), ids[i, ri].tolist(), hid[i, ri]
+                    )
             if len(d):
                 self._record_spec(r, d, s, len(path))
             r.timings.decode_steps += 1

@@ -180,7 +180,34 @@ class RolloutWorker:
             hidden_sink=self.hidden_sink if "learned" in drafters else None,
         )
 
-    hidden_sink = None  # set by the spot-trainer wiring: callback(request_id, positions, tokens, hidden)
+    # ------------------------------------------------------------------ hidden states -> spot trainer
+    def connect_spot_trainer(self, address: str) -> bool:
+        """Stream committed tokens' hidden states (one frame per finished request) to the spot trainer."""
+        if "learned" not in self.drafters:
+            return False
+        from services.spot_trainer.stream import HiddenStateSender
+
+        self._sender = HiddenStateSender(address, hwm=1024)
+        self._pending_hidden: dict[str, list] = {}
+        self.hidden_sink = self._collect_hidden
+        self.engine = self._new_engine(self.drafters, self.engine.policy)
+        return True
+
+    hidden_sink = None
+
+    def _collect_hidden(self, request_id: str, positions: list[int], tokens: list[int], hidden) -> None:
+        self._pending_hidden.setdefault(request_id, []).append((positions, tokens, hidden.clone()))
+
+    def _flush_hidden(self, out) -> None:
+        parts = self._pending_hidden.pop(out.request_id, None) if self.hidden_sink else None
+        if not parts:
+            return
+        from services.spot_trainer.buffer import Frame
+
+        pos = torch.tensor([p for ps, _, _ in parts for p in ps], dtype=torch.long)
+        tok = torch.tensor([t for _, ts, _ in parts for t in ts], dtype=torch.long)
+        hid = torch.cat([h for _, _, h in parts])
+        self._sender.send(Frame(self.policy_version, out.request_id, pos, hid, tok))
 
     def available_drafters(self) -> list[str]:
         return sorted(self.drafters)
@@ -267,7 +294,7 @@ class RolloutWorker:
         reqs = self._requests(requests)
         self.engine.step_log = []
         started = time.time()
-        outs = self.engine.generate(reqs) if reqs else []
+        outs = self.engine.generate(reqs, on_finish=self._flush_hidden) if reqs else []
         finished = time.time()
         if self.tuned is not None:
             self.tuned.record_lengths([(o.problem_id, len(o.token_ids)) for o in outs])
