@@ -492,8 +492,6 @@ class RLDriver:
         lens = [len(o.token_ids) for grp in groups for _, o, _ in grp]
         all_rb = [rb for grp in groups for _, _, rb in grp]
         self.lengths_per_step.append(lens)
-        finish_times = [res.finished_at for res in results]
-        end = max(finish_times)
         row = {
             "step": step,
             "reward_mean": float(rewards.mean()),
@@ -529,15 +527,7 @@ class RLDriver:
                     "requests": len(res.outputs),
                     "tokens": int(sum(len(o.token_ids) for o in res.outputs)),
                     "rollout_seconds": res.finished_at - res.started_at,
-                    "idle_seconds": end - res.finished_at,
-                    "trained_seconds": next(
-                        (
-                            r.trained
-                            for r in self.bubbles.records
-                            if r.step == step and r.worker == str(res.worker)
-                        ),
-                        0.0,
-                    ),
+                    **self._worker_bubble(step, res.worker),
                 }
                 for res in results
             ],
@@ -637,6 +627,10 @@ class RLDriver:
             **self._tuner_summary(),
             **self._bubble_summary(),
         }
+
+    def _worker_bubble(self, step: int, worker: int) -> dict:
+        r = next((r for r in self.bubbles.records if r.step == step and r.worker == str(worker)), None)
+        return {"idle_seconds": r.idle_seconds if r else 0.0, "trained_seconds": r.trained if r else 0.0}
 
     def _bubble_summary(self) -> dict:
         t = self.bubbles.totals()
