@@ -92,6 +92,14 @@ class ActorPool:
 
         return ray.get([getattr(self.members[i], m).remote(*a) for i, m, a in calls])
 
+    def remove(self, i: int) -> None:
+        """Drop member ``i`` (a dead actor) from the pool."""
+        m = self.members.pop(i)
+        if self.use_ray:
+            import ray
+
+            ray.kill(m)
+
     def submit(self, i: int, method: str, *args) -> cf.Future:
         """Start a call without waiting: a ``concurrent.futures.Future`` (in-process calls run in threads, so
         members work concurrently as Ray actors would; torch releases the GIL in its kernels)."""

@@ -70,11 +70,11 @@ class BaseModelRecipe:
     initializer_range: float = 0.02
     tie_word_embeddings: bool = True
     # training
-    steps: int = 840
-    batch_size: int = 16  # sequences per step (~2.9k tokens)
+    steps: int = 420
+    batch_size: int = 32  # sequences per step (~5.8k tokens)
     lr: float = 2e-3
     min_lr_ratio: float = 0.1
-    warmup_steps: int = 50
+    warmup_steps: int = 30
     weight_decay: float = 0.1  # on matrices only (not norms, biases)
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
@@ -415,6 +415,11 @@ def build_base_model(
         "recommended_max_new_tokens": recommended_max_new_tokens(ref_p99, r.max_new_tokens_factor),
         "recommended_max_new_tokens_definition": f"{r.max_new_tokens_factor}x reference test p99, to x64",
         "total_seconds": round(time.time() - t_start, 1),
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "torch_threads": r.num_threads,
+            "load_average_1m_at_end": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        },
         "versions": {
             "python": sys.version.split()[0],
             "torch": torch.__version__,

@@ -169,6 +169,7 @@ class RLDriver:
             max_new_tokens=cfg.rollout.max_new_tokens,
         )
         n = cfg.rollout.num_actors
+        self.worker_ids = list(range(n))  # ids of the live rollout actors, parallel to self.rollout.members
         self.tuner = None
         table = None
         if cfg.tuner.enabled:
@@ -376,20 +377,57 @@ class RLDriver:
         coord.phase_started(step)
         if self.spot is not None:
             self.spot.call(0, "open_phase")
-        for i in range(len(shards)):
-            coord.rollout_started(str(i), step)
+        wids = [str(w) for w in self.worker_ids]
+        for w in wids:
+            coord.rollout_started(w, step)
+        outstanding = {i: 1 for i in range(len(shards))}  # pool index -> shards in flight
         futures = {
-            self.rollout.submit(i, "rollout", shard, step, measure): i for i, shard in enumerate(shards)
+            self.rollout.submit(i, "rollout", shard, step, measure): (i, i) for i, shard in enumerate(shards)
         }
-        results: dict[int, ShardResult] = {}
+        results: dict[int, ShardResult] = {}  # shard -> result
         training: dict[str, tuple] = {}  # worker -> (future, grant)
+        dead: set[int] = set()
+        early: list[dict] = []  # grants cut short to take a worker back for a re-dispatched shard
         pending = set(futures)
         while pending:
             done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
             for f in done:
-                i = futures[f]
-                results[i] = f.result()
-                grants = [g for g in [coord.rollout_finished(str(i))] if g is not None]
+                s_idx, i = futures[f]
+                outstanding[i] -= 1
+                try:
+                    results[s_idx] = f.result()
+                except Exception as e:
+                    if not _actor_died(e) or i in dead:  # a bug in the rollout itself is not retried
+                        raise
+                    # re-dispatch the whole shard (a shard returns all or nothing: none lost, none doubled)
+                    dead.add(i)
+                    coord.fail(wids[i], f"rollout actor died: {type(e).__name__}")
+                    live = [j for j in range(len(wids)) if j not in dead]
+                    if not live:
+                        raise RuntimeError("every rollout actor died") from e
+                    j = min(live, key=lambda k: (coord.state(wids[k]) != "ROLLOUT", -outstanding[k], k))
+                    if coord.state(wids[j]) != "ROLLOUT":
+                        coord.request_resources([wids[j]], "re-dispatch")
+                        if wids[j] in training:
+                            self.spot.call(0, "preempt")
+                            fut, g = training.pop(wids[j])
+                            out = fut.result()
+                            coord.training_stopped(wids[j], g.grant_id, out.get("step"))
+                            early.append(out)
+                            self.spot.call(0, "open_phase")
+                        coord.rollout_started(wids[j], step)
+                    outstanding[j] += 1
+                    nf = self.rollout.submit(j, "rollout", shards[s_idx], step, False)
+                    futures[nf] = (s_idx, j)
+                    pending.add(nf)
+                    self.log(
+                        f"rollout actor {wids[i]} died; its {len(shards[s_idx])} requests re-dispatched to "
+                        f"actor {wids[j]}"
+                    )
+                    continue
+                if outstanding[i] > 0:
+                    continue
+                grants = [g for g in [coord.rollout_finished(wids[i])] if g is not None]
                 if self.spot is not None:
                     grants += coord.buffer_ready(int(self.spot.call(0, "num_fresh")))
                 for g in grants:
@@ -398,9 +436,14 @@ class RLDriver:
                     else:  # the phase is over: hand the worker straight back
                         coord.request_resources([g.worker_id], "rollout phase over")
                         coord.training_stopped(g.worker_id, g.grant_id)
+        for i in sorted(dead, reverse=True):  # later steps shard over the surviving actors
+            self.rollout.remove(i)
+            del self.worker_ids[i]
         phase_end = time.time()
         trained: dict[str, float] = {}
-        self.spot_grants = []
+        self.spot_grants = list(early)
+        for out in early:
+            trained[str(out["worker"])] = trained.get(str(out["worker"]), 0.0) + out["seconds"]
         if training:
             if coord.request_resources(list(training), "rollout phase over: policy update"):
                 self.spot.call(0, "preempt")
@@ -412,10 +455,11 @@ class RLDriver:
                     coord.tick()
                     continue
                 coord.training_stopped(w, g.grant_id, out.get("step"))
-                trained[w] = out["seconds"]
+                trained[w] = trained.get(w, 0.0) + out["seconds"]
                 self.spot_grants.append(out)
-        for i, res in results.items():
-            self.bubbles.record(step, str(i), res.finished_at, phase_end, trained.get(str(i), 0.0))
+        for res in results.values():
+            w = str(res.worker)
+            self.bubbles.record(step, w, res.finished_at, phase_end, trained.get(w, 0.0))
         return [results[i] for i in sorted(results)]
 
     def _tune(self) -> dict:
@@ -687,6 +731,14 @@ class RLDriver:
             "rollout_speedup_vs_plain_method": "mean over steps of a replayed sample of each step's prompts, "
             "speculation off vs on on the same worker (not the live rollout)",
         }
+
+
+def _actor_died(e: BaseException) -> bool:
+    try:
+        from ray.exceptions import RayActorError
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(e, RayActorError)
 
 
 def _bucket_name(b: dict) -> str:
