@@ -128,6 +128,17 @@ class SpotSection:
 
 
 @dataclass
+class CoordinatorSection:
+    """The coordinator's gRPC endpoint (``tailspec status --address host:port``); port null = not served,
+    0 = a free port (printed and written to summary.json). A host other than loopback needs ``token``."""
+
+    port: int | None = 0
+    host: str = "127.0.0.1"
+    token: str | None = None
+    keep_serving: bool = False  # keep answering after the run ends (tests, inspection)
+
+
+@dataclass
 class MetricsSection:
     """Prometheus metrics (services/common/metrics.py). Inside Ray, Ray's metrics agent exports them; outside Ray
     (ray.use_ray=false) ``port`` starts a prometheus_client endpoint on ``host`` (0 = a free port)."""
@@ -154,6 +165,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     tuner: TunerSection = field(default_factory=TunerSection)
     spot: SpotSection = field(default_factory=SpotSection)
+    coordinator: CoordinatorSection = field(default_factory=CoordinatorSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     ray: RayConfig = field(default_factory=RayConfig)
 

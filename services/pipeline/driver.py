@@ -245,6 +245,24 @@ class RLDriver:
             self.coordinator.register(str(i), {"cpus": cfg.rollout.threads_per_actor})
             self.coordinator.ready(str(i))
         self.bubbles = BubbleAccounting()
+        self.phase = "rollout"
+        self.coordinator_address = None
+        self.grpc = None
+        if cfg.coordinator.port is not None:
+            from services.common.grpc_server import GrpcServer, expose
+            from services.common.proto_gen.tailspec.v1 import coordinator_pb2_grpc
+            from services.coordinator.service import CoordinatorService
+
+            svc = CoordinatorService(self.coordinator, self._run_info)
+            self.grpc = GrpcServer(
+                [expose(coordinator_pb2_grpc.CoordinatorServiceServicer, svc)],
+                host=cfg.coordinator.host,
+                port=cfg.coordinator.port,
+                token=cfg.coordinator.token,
+            )
+            port = self.grpc.start()
+            self.coordinator_address = f"{cfg.coordinator.host}:{port}"
+            self.log(f"coordinator: tailspec status --address {self.coordinator_address}")
         self.spot = None
         self.spot_grants = []
         if not (cfg.spot.enabled and cfg.rollout.speculative.learned):
@@ -274,6 +292,19 @@ class RLDriver:
         )
         address = self.spot.call(0, "address")
         self.rollout.call_all("connect_spot_trainer", [(address,)] * n)
+
+    def _run_info(self) -> dict:
+        last = self.rows[-1] if self.rows else {}
+        t = self.bubbles.totals()
+        return {
+            "step": len(self.rows) + (0 if self.phase == "done" else 1),
+            "phase": self.phase,
+            "policy_version": last.get("policy_version", 0),
+            "drafter_version": self.drafter_version,
+            "table_version": (last.get("tuner") or {}).get("table_version", 0),
+            "bubble_seconds": t["idle_seconds"],
+            "bubble_trained_seconds": t["trained_seconds"],
+        }
 
     def _after_update(self, state, version: int) -> dict:
         """Phase boundary: the spot trainer follows the policy; a newly trained drafter is published and
@@ -313,10 +344,16 @@ class RLDriver:
         return ["suffix", "ngram"] + (["learned", "hybrid"] if self.cfg.rollout.speculative.learned else [])
 
     def _stop_services(self) -> None:
+        self.phase = "done"
+        if getattr(self, "grpc", None) is not None and not self.cfg.coordinator.keep_serving:
+            self.grpc.stop()
+        if getattr(self, "spot", None) is not None:
+            self.spot.call(0, "close")
         for pool in (
             getattr(self, "rollout", None),
             getattr(self, "trainer", None),
             getattr(self, "tuner", None),
+            getattr(self, "spot", None),
         ):
             if pool is not None:
                 pool.shutdown()
@@ -491,7 +528,9 @@ class RLDriver:
         t_step = time.perf_counter()
         prompts = self._next_prompts()
         by_pid = {f"gsm8k-train-{ex.index}": ex for ex in prompts}
+        self.phase = "rollout"
         reqs, results, rollout_s = self._rollout(step, prompts)
+        self.phase = "reward"
 
         t0 = time.perf_counter()
         outputs = {o.request_id: o for res in results for o in res.outputs}
@@ -518,7 +557,9 @@ class RLDriver:
         reward_s = time.perf_counter() - t0
 
         t0 = time.perf_counter()
+        self.phase = "train"
         stats = self.trainer.call(0, "train_step", samples)
+        self.phase = "weight_sync"
         train_s = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -667,6 +708,7 @@ class RLDriver:
             ),
             "checkpoint": str(ckpt) if ckpt else None,
             "metrics_endpoint": self.metrics_endpoint,
+            "coordinator_address": self.coordinator_address,
             **self._spec_summary(),
             **self._tuner_summary(),
             **self._bubble_summary(),

@@ -1,0 +1,35 @@
+"""`tailspec status` asks a job's coordinator over gRPC and prints its workers, states, versions and step."""
+
+import json
+
+from services.common.status_cli import fetch_status
+from services.common.status_cli import main as status_main
+from services.pipeline.cli import main
+
+
+def test_status_of_a_run(tmp_path, tiny_policy_dir, capsys):
+    run = tmp_path / "run"
+    rc = main(
+        [
+            "train",
+            "--run-dir",
+            str(run),
+            f"model.path={tiny_policy_dir}",
+            "trainer.steps=2",
+            "trainer.prompts_per_step=3",
+            "trainer.group_size=2",
+            "rollout.max_new_tokens=12",
+            "ray.use_ray=false",
+            "coordinator.keep_serving=true",
+        ]
+    )
+    assert rc == 0
+    summary = json.loads((run / "summary.json").read_text())
+    address = summary["coordinator_address"]
+    st = fetch_status(address, None)
+    assert st.rl_step == 2 and st.versions.policy_version == 2
+    assert sorted(w.worker_id for w in st.workers) == ["0", "1"]
+    capsys.readouterr()
+    assert status_main(["--address", address]) in (0, None)
+    out = capsys.readouterr().out
+    assert "IDLE" in out and "0" in out and "1" in out
