@@ -676,6 +676,9 @@ class RLDriver:
                 phases=getattr(self.coordinator, "phases", None),
                 title="rollout / idle / training / preempting per worker",
             )
+        from services.pipeline.outputs import plot_dashboard_preview
+
+        plot_dashboard_preview(self.rows, self.run_dir / "plots" / "dashboard_preview.png")
         if any("tuner" in r for r in self.rows):
             from services.pipeline.outputs import plot_tuner_arms
 

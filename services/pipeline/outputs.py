@@ -170,3 +170,74 @@ def plot_tuner_arms(rows: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_dashboard_preview(rows: list[dict], path: Path) -> None:
+    """The Grafana dashboards' main panels (long tail, speculation, bubbles, health) drawn from a run's
+    metrics.jsonl rows, for readers without a Grafana at hand."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in rows]
+    fig, ax = plt.subplots(2, 3, figsize=(15, 7.5))
+
+    def get(k):
+        return [r.get(k) if r.get(k) is not None else np.nan for r in rows]
+
+    a = ax[0, 0]
+    for k, lab in (("response_len_p50", "p50"), ("response_len_p90", "p90"), ("response_len_max", "max")):
+        a.plot(steps, get(k), marker="o", label=lab)
+    a.set_title("Long tail: response length (tokens)")
+    a.legend(fontsize=8)
+    a = ax[0, 1]
+    bottom = np.zeros(len(rows))
+    for k in ("rollout_seconds", "reward_seconds", "train_seconds", "weight_sync_seconds"):
+        v = np.nan_to_num(np.array(get(k), dtype=float))
+        a.bar(steps, v, bottom=bottom, label=k.replace("_seconds", ""))
+        bottom += v
+    a.set_title("Long tail: step phase seconds")
+    a.legend(fontsize=8)
+    a = ax[0, 2]
+    names = sorted({n for r in rows for n in (r.get("drafters") or {})})
+    for n in names:
+        a.plot(
+            steps,
+            [((r.get("drafters") or {}).get(n) or {}).get("acceptance_rate") or np.nan for r in rows],
+            marker="o",
+            label=n,
+        )
+    a.set_title("Speculation: acceptance rate by drafter")
+    if names:
+        a.legend(fontsize=8)
+    a = ax[1, 0]
+    a.plot(steps, get("acceptance_length_mean"), marker="o", label="acceptance length tau")
+    a.plot(steps, get("rollout_speedup_vs_plain"), marker="s", label="speedup vs plain (replayed sample)")
+    a.axhline(1.0, color="gray", lw=0.8, ls=":")
+    a.set_title("Speculation: tau and measured speedup")
+    a.legend(fontsize=8)
+    a = ax[1, 1]
+    a.bar(np.array(steps) - 0.2, np.nan_to_num(get("bubble_seconds")), width=0.4, label="bubble (idle) s")
+    a.bar(np.array(steps) + 0.2, np.nan_to_num(get("bubble_trained_seconds")), width=0.4, label="trained s")
+    a2 = a.twinx()
+    a2.plot(steps, get("bubble_utilization"), color="black", marker="o", label="utilization")
+    a2.set_ylim(0, 1.05)
+    a.set_title("Bubbles: idle vs trained seconds, utilization")
+    a.legend(fontsize=8, loc="upper left")
+    a = ax[1, 2]
+    a.plot(steps, get("reward_mean"), marker="o", label="reward mean")
+    a.plot(steps, get("accuracy"), marker="s", label="accuracy")
+    a3 = a.twinx()
+    a3.step(steps, get("policy_version"), where="mid", color="gray", label="policy version")
+    a3.step(steps, get("drafter_version"), where="mid", color="purple", label="drafter version")
+    a.set_title("Health: reward, accuracy; versions (right)")
+    a.legend(fontsize=8, loc="upper left")
+    a3.legend(fontsize=8, loc="lower right")
+    for a in ax.flat:
+        a.set_xlabel("RL step")
+        a.grid(alpha=0.3)
+    fig.suptitle("tailspec dashboards (preview from metrics.jsonl)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
