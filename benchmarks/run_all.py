@@ -1,0 +1,206 @@
+"""Run every benchmark and write ``benchmarks/results/summary.md`` (``make bench``).
+
+Run from the repository root::
+
+    python -m benchmarks.run_all [--quick] [--only rollout_longtail,drafter_propose_cost] [--results-dir DIR]
+    python -m benchmarks.run_all --no-run     # only rewrite summary.md from the results already there
+
+Each benchmark runs in its own process (``python -m benchmarks.<name>``), one after the other, so that they
+never compete for the cores:
+
+1. ``rollout_longtail``: plain vs drafters vs adaptive vs peers on the default policy (``--quick`` passed
+   through). It also measures the target's decode forward at batch 64 on the real model.
+2. ``drafter_propose_cost`` with ``--target-forward-ms`` = that forward time (read from
+   ``rollout_longtail.json``; measured here on the default policy when that benchmark did not run).
+3. ``spot_training_effect``: two short training runs (bubble training on / off), the learned drafter's
+   acceptance per RL step (``--quick``: 2 steps instead of 6).
+
+``summary.md`` concatenates the benchmarks' tables (``rollout_longtail.md``; tables rendered from
+``drafter_propose_cost.json`` and ``spot_training_effect.json``) with the machine described. A benchmark
+that fails is reported there and makes the exit status non-zero; the others still run. A module under
+``benchmarks/`` that is not in ``BENCHMARKS`` is listed in the summary as not run: register it there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.machine import describe_machine
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+BENCHMARKS = ("rollout_longtail", "drafter_propose_cost", "spot_training_effect")
+NOT_BENCHMARKS = {"__init__", "machine", "run_all"}
+
+
+def unregistered() -> list[str]:
+    """Modules in benchmarks/ that look like benchmarks but are not in ``BENCHMARKS``."""
+    here = Path(__file__).resolve().parent
+    return sorted(
+        p.stem for p in here.glob("*.py") if p.stem not in NOT_BENCHMARKS and p.stem not in BENCHMARKS
+    )
+
+
+def _run(module: str, args: list[str]) -> tuple[int, float]:
+    cmd = [sys.executable, "-m", f"benchmarks.{module}", *args]
+    print(f"[run_all] {' '.join(cmd[1:])}", flush=True)
+    t = time.perf_counter()
+    rc = subprocess.call(cmd, cwd=REPO)
+    return rc, time.perf_counter() - t
+
+
+def forward_ms_batch64(results: Path) -> float | None:
+    """The target's decode forward at batch 64 (ms): from rollout_longtail.json, else measured now."""
+    p = results / "rollout_longtail.json"
+    if p.is_file():
+        try:
+            return float(json.loads(p.read_text())["limits"]["forward_ms_batch64"])
+        except (KeyError, TypeError, ValueError, json.JSONDecodeError):
+            pass
+    import torch
+
+    from benchmarks.rollout_longtail import DEFAULT_MODEL, measure_forward_ms
+    from services.rollout_actor.model import Transformer
+
+    if not (DEFAULT_MODEL / "config.json").is_file():
+        return None
+    torch.set_num_threads(1)
+    return measure_forward_ms(Transformer.from_pretrained(DEFAULT_MODEL).eval(), 64, repeats=10)
+
+
+def propose_cost_markdown(path: Path) -> str:
+    d = json.loads(path.read_text())
+    p = d.get("params", {})
+    lines = [
+        "## Drafter propose cost (`python -m benchmarks.drafter_propose_cost`)",
+        "",
+        f"{p.get('requests')} running requests, budget {p.get('budget')} draft tokens (width {p.get('width')}), "
+        f"mean context {p.get('mean_context_tokens', 0):.0f} tokens, {p.get('steps')} steps; target forward "
+        f"at batch 64: {p.get('target_forward_ms') if p.get('target_forward_ms') is not None else '-'} ms.",
+        "",
+        "| drafter | propose ms (median) | p90 ms | us / request | CPU ms | mean draft len | accepted / step "
+        "| propose / forward |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def f(x, fmt="{:.2f}"):
+        return "-" if x is None else fmt.format(x)
+
+    for name, r in d.get("results", {}).items():
+        lines.append(
+            f"| {name} | {f(r.get('propose_ms_median'))} | {f(r.get('propose_ms_p90'))} "
+            f"| {f(r.get('propose_us_per_request'), '{:.1f}')} | {f(r.get('propose_cpu_ms_median'))} "
+            f"| {f(r.get('mean_draft_len'))} | {f(r.get('mean_accepted_per_step'))} "
+            f"| {f(r.get('propose_over_forward'), '{:.3f}')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def spot_effect_markdown(path: Path) -> str:
+    d = json.loads(path.read_text())
+    on = {x["step"]: x for x in d.get("spot_on", [])}
+    off = {x["step"]: x for x in d.get("spot_off", [])}
+
+    def f(x):
+        return "-" if x is None else f"{x:.3f}"
+
+    lines = [
+        "## Bubble training effect on the learned drafter (`python -m benchmarks.spot_training_effect`)",
+        "",
+        f"{d.get('steps')} RL steps, same seed, spot training on vs off; learned-drafter acceptance rate "
+        "(accepted / drafted tokens of the steps where the tuner chose a learned or hybrid arm).",
+        "",
+        "| step | on: acceptance | on: drafted | on: drafter version | off: acceptance | off: drafted |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for step in sorted(set(on) | set(off)):
+        a, b = on.get(step, {}), off.get(step, {})
+        lines.append(
+            f"| {step} | {f(a.get('learned_acceptance_rate'))} | {a.get('learned_drafted', '-')} "
+            f"| {a.get('drafter_version', '-')} | {f(b.get('learned_acceptance_rate'))} "
+            f"| {b.get('learned_drafted', '-')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(results: Path, status: dict[str, dict]) -> Path:
+    m = describe_machine()
+    parts = [
+        "# tailspec benchmarks",
+        "",
+        f"`make bench` (`python -m benchmarks.run_all`), {time.strftime('%Y-%m-%d %H:%M:%S')}. Machine: "
+        f"{m['cpu_model']}, {m['usable_cores']} usable cores, torch {m['torch_version']}, load average "
+        f"{m['load_average_1_5_15']}.",
+        "",
+        "| benchmark | status | seconds |",
+        "|---|---|---:|",
+    ]
+    for name, st in status.items():
+        parts.append(f"| {name} | {st['status']} | {st.get('seconds', 0):.0f} |")
+    parts.append("")
+    md = results / "rollout_longtail.md"
+    if "rollout_longtail" in status and md.is_file():
+        parts.append(md.read_text())
+    pc = results / "drafter_propose_cost.json"
+    if "drafter_propose_cost" in status and pc.is_file():
+        parts.append(propose_cost_markdown(pc))
+    se = results / "spot_training_effect.json"
+    if "spot_training_effect" in status and se.is_file():
+        parts.append(spot_effect_markdown(se))
+    missing = unregistered()
+    if missing:
+        parts.append(
+            f"Not run (not registered in `benchmarks/run_all.py` BENCHMARKS): {', '.join(missing)}\n"
+        )
+    out = results / "summary.md"
+    out.write_text("\n".join(parts))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="quick mode where a benchmark has one")
+    ap.add_argument("--only", default=None, help="comma list of benchmarks (default: all)")
+    ap.add_argument("--results-dir", type=Path, default=RESULTS, help="where the benchmarks write")
+    ap.add_argument("--no-run", action="store_true", help="only write summary.md from existing results")
+    args = ap.parse_args(argv)
+    results = args.results_dir
+    names = [n.strip() for n in args.only.split(",")] if args.only else list(BENCHMARKS)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        ap.error(f"unknown benchmark(s) {unknown}; known: {', '.join(BENCHMARKS)}")
+    results.mkdir(parents=True, exist_ok=True)
+    status: dict[str, dict] = {}
+    if args.no_run:
+        for name in names:
+            status[name] = {"status": "not run (--no-run): results on disk", "seconds": 0.0}
+        names = []
+    for name in names:
+        extra: list[str] = []
+        if name == "rollout_longtail":
+            extra += ["--out-dir", str(results)] + (["--quick"] if args.quick else [])
+        if name == "spot_training_effect":
+            extra += ["--out", str(results)] + (["--steps", "2"] if args.quick else [])
+        if name == "drafter_propose_cost":
+            extra += ["--out", str(results / "drafter_propose_cost.json")]
+            try:
+                fwd = forward_ms_batch64(results)
+            except Exception as e:  # noqa: BLE001 - report and run without the ratio
+                print(f"[run_all] could not measure the target forward: {e!r}", flush=True)
+                fwd = None
+            if fwd is not None:
+                extra += ["--target-forward-ms", f"{fwd:.3f}"]
+        rc, secs = _run(name, extra)
+        status[name] = {"status": "ok" if rc == 0 else f"FAILED (exit {rc})", "seconds": secs}
+    out = write_summary(results, status)
+    print(f"[run_all] wrote {out}")
+    return 0 if all(not s["status"].startswith("FAILED") for s in status.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

