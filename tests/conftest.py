@@ -53,8 +53,17 @@ def ray_cluster():
 
     import ray
 
-    tmp = tempfile.mkdtemp(prefix="tsray", dir="/tmp")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tmp, log_to_driver=False)
+    tmp = None
+    for attempt in range(3):  # a loaded 2-core box can miss Ray's start-up deadline: try again, fresh dir
+        tmp = tempfile.mkdtemp(prefix="tsray", dir="/tmp")
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tmp, log_to_driver=False)
+            break
+        except RuntimeError:
+            ray.shutdown()
+            shutil.rmtree(tmp, ignore_errors=True)
+            if attempt == 2:
+                raise
     yield ray
     ray.shutdown()
     shutil.rmtree(tmp, ignore_errors=True)
