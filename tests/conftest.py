@@ -59,7 +59,7 @@ def ray_cluster():
         try:
             ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tmp, log_to_driver=False)
             break
-        except RuntimeError:
+        except Exception:  # RuntimeError (GCS port file) or Exception ("node timed out during startup")
             ray.shutdown()
             shutil.rmtree(tmp, ignore_errors=True)
             if attempt == 2:
