@@ -34,7 +34,7 @@ from benchmarks.machine import describe_machine
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-BENCHMARKS = ("rollout_longtail", "drafter_propose_cost", "spot_training_effect")
+BENCHMARKS = ("rollout_longtail", "drafter_propose_cost", "spot_training_effect", "rl_step_e2e")
 NOT_BENCHMARKS = {"__init__", "machine", "run_all"}
 
 
@@ -128,6 +128,31 @@ def spot_effect_markdown(path: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def e2e_markdown(path: Path) -> str:
+    d = json.loads(path.read_text())
+    a, o = d["adaptive"]["totals"], d["speculation_off"]["totals"]
+    rows = [
+        "rollout_seconds",
+        "reward_seconds",
+        "train_seconds",
+        "weight_sync_seconds",
+        "bubble_trained_seconds",
+        "step_seconds",
+        "tokens_generated",
+    ]
+    lines = [
+        "## End-to-end RL step (`python -m benchmarks.rl_step_e2e`)",
+        "",
+        f"{d['steps']} RL steps each, same seed: end-to-end speedup {d['end_to_end_speedup']:.2f}x, "
+        f"rollout {d['rollout_speedup']:.2f}x (speculation off / adaptive).",
+        "",
+        "| total over the steps | speculation off | adaptive |",
+        "|---|---:|---:|",
+    ]
+    lines += [f"| {k} | {o.get(k, 0):.1f} | {a.get(k, 0):.1f} |" for k in rows]
+    return "\n".join(lines) + "\n"
+
+
 def write_summary(results: Path, status: dict[str, dict]) -> Path:
     m = describe_machine()
     parts = [
@@ -152,6 +177,9 @@ def write_summary(results: Path, status: dict[str, dict]) -> Path:
     se = results / "spot_training_effect.json"
     if "spot_training_effect" in status and se.is_file():
         parts.append(spot_effect_markdown(se))
+    e2e = results / "rl_step_e2e.json"
+    if "rl_step_e2e" in status and e2e.is_file():
+        parts.append(e2e_markdown(e2e))
     missing = unregistered()
     if missing:
         parts.append(
@@ -184,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         extra: list[str] = []
         if name == "rollout_longtail":
             extra += ["--out-dir", str(results)] + (["--quick"] if args.quick else [])
-        if name == "spot_training_effect":
+        if name in ("spot_training_effect", "rl_step_e2e"):
             extra += ["--out", str(results)] + (["--steps", "2"] if args.quick else [])
         if name == "drafter_propose_cost":
             extra += ["--out", str(results / "drafter_propose_cost.json")]
