@@ -12,42 +12,15 @@ import math
 import pytest
 
 from benchmarks import rollout_longtail as rl
-from services.pipeline.base_model import save_tokenizer, train_tokenizer
-from services.pipeline.datasets import format_prompt, format_response, load_gsm8k
-from services.rollout_actor.model import ModelConfig, Transformer, init_weights
-from tests.conftest import GSM8K_DIR
 
 
 @pytest.fixture(scope="module")
-def standin_dir(tmp_path_factory):
-    """A tiny random Qwen2 folder with a real BPE tokenizer (like tests/pipeline/conftest.py)."""
-    out = tmp_path_factory.mktemp("standin_policy")
-    ex = load_gsm8k(GSM8K_DIR / "train.jsonl")[:300]
-    tok = train_tokenizer([format_prompt(e.question) + format_response(e.answer) for e in ex], 320)
-    save_tokenizer(tok, out, 512)
-    cfg = ModelConfig(
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        eos_token_id=0,
-        pad_token_id=0,
-        max_position_embeddings=512,
-    )
-    init_weights(Transformer(cfg), seed=0, std=0.05).save_pretrained(out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def result(standin_dir, tmp_path_factory):
+def result(tiny_policy_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_out")
     argv = [
         "--quick",
         "--model",
-        str(standin_dir),
+        str(tiny_policy_dir),
         "--prompts",
         "2",
         "--batch-sizes",
