@@ -219,8 +219,8 @@ class RLDriver:
         m.record_responses(self.lengths_per_step[-1])
         for arm, n in ((row.get("tuner") or {}).get("choices") or {}).items():
             m.record_arm_selection("all", arm, n)
-        for w in row.get("workers", []):
-            m.set_worker_state(str(w["worker"]), "IDLE")
+        for wid, w in self.coordinator.snapshot().items():
+            m.set_worker_state(wid, w["state"])
 
     @property
     def speculating(self) -> bool:
