@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.machine import cpu_model
 from services.rollout_actor.speculative.base import Drafter, DraftRequest
 from services.rollout_actor.speculative.ngram import NgramDrafter
 from services.rollout_actor.speculative.suffix_tree import SuffixTreeDrafter
@@ -74,17 +75,6 @@ def sibling(answer: list[int], rng: random.Random, rate: float = 0.08) -> list[i
         if rng.random() < rate:
             out[i] = answer[rng.randrange(len(answer))]
     return out + [0]
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.machine import describe_machine
-from services.pipeline.cli import main as tailspec
+from benchmarks.runs import train_rows
 
 PHASES = (
     "rollout_seconds",
@@ -30,21 +30,7 @@ PHASES = (
 
 def _run(run_dir: Path, steps: int, extra: list[str]) -> dict:
     load = os.getloadavg()
-    if (
-        tailspec(
-            [
-                "train",
-                "--run-dir",
-                str(run_dir),
-                f"trainer.steps={steps}",
-                "rollout.speculative.speedup_sample_prompts=0",
-                *extra,
-            ]
-        )
-        != 0
-    ):
-        raise SystemExit(f"run failed: {run_dir}")
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = train_rows(run_dir, steps, extra)
     return {
         "load_avg_at_start": load,
         "steps": [{k: r.get(k) for k in ("step", "step_seconds", *PHASES, "tokens_generated")} for r in rows],

@@ -35,7 +35,7 @@ from benchmarks.machine import describe_machine
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 BENCHMARKS = ("rollout_longtail", "drafter_propose_cost", "spot_training_effect", "rl_step_e2e", "vllm_peer")
-NOT_BENCHMARKS = {"__init__", "machine", "run_all"}
+NOT_BENCHMARKS = {"__init__", "machine", "run_all", "runs"}
 
 
 def unregistered() -> list[str]:

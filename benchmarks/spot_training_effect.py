@@ -16,24 +16,11 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.machine import describe_machine
-from services.pipeline.cli import main as tailspec
+from benchmarks.runs import train_rows
 
 
 def _run(run_dir: Path, steps: int, spot: bool, extra: list[str]) -> list[dict]:
-    rc = tailspec(
-        [
-            "train",
-            "--run-dir",
-            str(run_dir),
-            f"trainer.steps={steps}",
-            f"spot.enabled={str(spot).lower()}",
-            "rollout.speculative.speedup_sample_prompts=0",
-            *extra,
-        ]
-    )
-    if rc != 0:
-        raise SystemExit(f"run failed ({run_dir})")
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return train_rows(run_dir, steps, [f"spot.enabled={str(spot).lower()}", *extra])
 
 
 def _curve(rows: list[dict]) -> list[dict]:
