@@ -59,7 +59,6 @@ class ActorPool:
         use_ray: bool,
         num_cpus: float = 1,
         kwargs_list=None,
-        name_prefix: str | None = None,
         max_concurrency: int = 1,
     ) -> ActorPool:
         kwargs_list = kwargs_list or [{} for _ in args_list]
@@ -69,9 +68,8 @@ class ActorPool:
 
         remote = ray.remote(num_cpus=num_cpus, max_restarts=0, max_concurrency=max_concurrency)(cls)
         members = []
-        for i, (a, k) in enumerate(zip(args_list, kwargs_list)):
-            opts = {"name": f"{name_prefix}-{i}"} if name_prefix else {}
-            members.append(remote.options(**opts).remote(*a, **k))
+        for a, k in zip(args_list, kwargs_list):
+            members.append(remote.remote(*a, **k))
         pool = ActorPool(members, True)
         pool.call_all("ping", [() for _ in members])  # surface constructor errors now
         return pool

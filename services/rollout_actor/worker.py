@@ -209,9 +209,6 @@ class RolloutWorker:
         hid = torch.cat([h for _, _, h in parts])
         self._sender.send(Frame(self.policy_version, out.request_id, pos, hid, tok))
 
-    def available_drafters(self) -> list[str]:
-        return sorted(self.drafters)
-
     def load_drafter(self, state: dict, version: int) -> int:
         """Install a newer learned-drafter head (between rollout phases, never mid-request)."""
         d = self.drafters.get("learned")
@@ -241,10 +238,6 @@ class RolloutWorker:
                     out["suffix"], out["learned"], h.threshold, forward_events=False
                 )
         return out
-
-    def set_strategy(self, strategy: Strategy) -> None:
-        self.strategy = strategy
-        self.engine.policy = FixedPolicy(strategy)
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> int:
         """Install new policy weights (between rollout phases). Returns the installed version."""
