@@ -26,6 +26,15 @@ Contract
   ``malformed`` and skipped. Bind to ``tcp://127.0.0.1:*`` (``address`` tells the port chosen) or ``ipc://``.
 - A socket belongs to one thread at a time: call ``poll`` yourself, or ``start()`` a background thread that
   polls until ``stop()``.
+
+Several spot-trainer replicas (data sharding)
+---------------------------------------------
+``HiddenStateSender`` takes one address or a list of them (one per spot-trainer replica) and connects its
+single PUSH socket to every one. ZeroMQ PUSH deals whole messages round-robin over the connected peers whose
+queues have room, so each frame goes to exactly one replica and each replica's buffer holds a disjoint share
+of the stream: that is the data sharding of the data-parallel spot trainer (``service.py``). The high-water
+mark is per peer (up to ``hwm`` frames queued for each replica); a slow or absent replica's queue fills and
+is then skipped, and a frame is dropped only when every queue is full.
 """
 
 from __future__ import annotations
@@ -112,14 +121,25 @@ def decode_frame(parts: Sequence[Any]) -> Frame:
 
 
 class HiddenStateSender:
-    """Rollout side: PUSH socket connected to the spot trainer's receiver. Never blocks."""
+    """Rollout side: PUSH socket connected to the spot trainer's receiver(s). Never blocks.
 
-    def __init__(self, address: str, hwm: int = 64, context: zmq.Context | None = None):
-        self.address = address
+    Args:
+        address: one ZeroMQ endpoint, or a non-empty list of them (one per spot-trainer replica: frames are
+            dealt round-robin across them, see "Several spot-trainer replicas").
+        hwm: send high-water mark, in frames, per connected endpoint.
+    Raises: ValueError for an empty list; ``zmq.ZMQError`` for a malformed endpoint.
+    """
+
+    def __init__(self, address: str | Sequence[str], hwm: int = 64, context: zmq.Context | None = None):
+        self.addresses: list[str] = [address] if isinstance(address, str) else [str(a) for a in address]
+        if not self.addresses:
+            raise ValueError("HiddenStateSender needs at least one address")
+        self.address = self.addresses[0] if len(self.addresses) == 1 else ",".join(self.addresses)
         self._sock = (context or zmq.Context.instance()).socket(zmq.PUSH)
         self._sock.setsockopt(zmq.SNDHWM, int(hwm))
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.connect(address)
+        for a in self.addresses:
+            self._sock.connect(a)
         self.sent = 0
         self.dropped = 0
         self.sent_bytes = 0

@@ -52,8 +52,14 @@ Data parallel across several granted workers
 not a synchronous gloo all-reduce per step. Bubble workers are lent with a 2-second preemption deadline and
 come and go independently; a per-step collective ties every replica's step time to the slowest one and
 blocks, or fails, as soon as one member is preempted, and a gloo group cannot shrink. Each replica trains on
-its own samples of the shared buffer; at the end of a grant (or every few steps) the leader averages the
-replicas' floating-point tensors (optionally weighted, e.g. by steps done) and loads the mean into all.
+its own shard of the data; at the end of a grant (or every few steps) the leader averages the replicas'
+floating-point tensors (optionally weighted, e.g. by steps done) and loads the mean into all.
+
+The service (``services/spot_trainer/service.py``) applies this to a pool of ``SpotTrainerService`` replicas:
+each has its own buffer, fed by rollout actors whose ZeroMQ PUSH sockets deal frames round-robin across the
+replicas (the data sharding); ``sync_replicas`` averages the draft heads of the replicas that trained since
+the last sync, weighted by their steps since then, and ``load_head`` installs the mean (optimizer moments stay
+local). Replica 0, the leader, is the only one that publishes drafter versions.
 """
 
 from __future__ import annotations
@@ -441,6 +447,11 @@ class SpotTrainer:
             m = pattern.match(p.name)
             if m and int(m.group(1)) < oldest_kept:
                 shutil.rmtree(p, ignore_errors=True)
+
+    def checkpoint_pending(self) -> bool:
+        """True while an asynchronous checkpoint is still being written."""
+        fut = self._pending
+        return fut is not None and not fut.done()
 
     def wait(self) -> None:
         """Block until the pending asynchronous checkpoint (if any) is complete; re-raises its error."""

@@ -1,53 +1,55 @@
-"""Kill the spot trainer service and start it again on the same checkpoint folder: it resumes from its newest
-checkpoint (same training step) and the published drafter version never goes back."""
+"""Kill a spot-trainer replica and start it again on the same checkpoint folder: it resumes from its newest
+checkpoint (same training step, same head) and the published drafter version never goes back."""
 
-import time
-
+import pytest
 import torch
 
-from services.spot_trainer.buffer import Frame
-from services.spot_trainer.service import SpotTrainerService
-from services.spot_trainer.stream import HiddenStateSender
+from services.spot_trainer.trainer import load_published
+from tests.spot_trainer.conftest import feed, wait_for
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
 
-def _feed(svc: SpotTrainerService, n_frames: int = 6, length: int = 24) -> None:
-    hidden = svc.target.config.hidden_size
-    sender = HiddenStateSender(svc.address())
-    g = torch.Generator().manual_seed(0)
-    for i in range(n_frames):
-        sender.send(
-            Frame(
-                0,
-                f"r{i}",
-                torch.arange(length),
-                torch.randn(length, 1, hidden, generator=g),
-                torch.randint(0, svc.target.config.vocab_size, (length,), generator=g),
-            )
-        )
-    deadline = time.monotonic() + 10
-    while svc.num_fresh() < n_frames * length and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert svc.num_fresh() == n_frames * length
+def _train_a_little(svc, gid: str, steps: int = 3) -> dict:
+    assert svc.grant({"grant_id": gid, "worker_id": "0"})["accepted"]
+    assert wait_for(lambda: svc.spot.step >= steps)
+    out = svc.preempt(gid)
+    assert out["released"] and out["steps_in_grant"] >= 1
+    return out
 
 
-def test_restart_resumes_and_versions_only_go_up(tmp_path, tiny_policy_dir):
+def test_restart_resumes_and_versions_only_go_up(tmp_path, make_service):
     ckpt = tmp_path / "spot"
-    svc = SpotTrainerService(
-        str(tiny_policy_dir), str(ckpt), batch_size=4, seq_len=4, min_samples=8, checkpoint_every=3
-    )
-    _feed(svc)
-    svc.open_phase()
-    out = svc.train(0, max_steps=5)
-    assert out["steps"] == 5
-    v1, head1 = svc.publish()
-    svc.spot.checkpoint(async_=False)
+    svc = make_service(ckpt=ckpt)
+    feed(svc).close()
+    _train_a_little(svc, "g1")  # preemption checkpoints asynchronously
+    v1, path1 = svc.publish()
+    head1 = load_published(path1)
     step_before = svc.spot.step
-    svc.close()  # "killed": a new process starts from the folder alone
+    svc.close()  # "killed": a new process starts from the folder alone (close waits for the checkpoint)
+    assert (ckpt / "replica_0").is_dir() and (ckpt / "published").is_dir()
 
-    again = SpotTrainerService(str(tiny_policy_dir), str(ckpt), batch_size=4, seq_len=4, min_samples=8)
-    assert again.resumed_step == step_before == 5
+    again = make_service(ckpt=ckpt)
+    assert again.resumed_step == step_before == again.stats()["step"]
     for k, v in again.head.state_dict().items():
         assert torch.equal(v, head1[k]), k  # the resumed head is the one that was trained
+    assert again.drafter_version == v1
+    assert again.stats()["published_path"].endswith(f"published/v{v1:09d}")
     v2, _ = again.publish()
     assert v2 == v1 + 1
-    again.close()
+
+
+def test_replicas_checkpoint_apart_and_only_the_leader_publishes(tmp_path, make_service):
+    ckpt = tmp_path / "spot"
+    leader, other = make_service(0, ckpt), make_service(1, ckpt)
+    feed([leader, other], n_frames=8).close()
+    _train_a_little(other, "g-other")
+    v, _ = leader.publish()
+    with pytest.raises(RuntimeError, match="leader"):
+        other.publish()
+    assert other.status()["drafter_version"] == v  # the pool's newest version, read from the shared folder
+    step_other = other.spot.step
+    other.close()
+    again = make_service(1, ckpt)
+    assert again.resumed_step == step_other  # from ckpt/replica_1
+    assert leader.spot.step == 0 and (ckpt / "replica_1").is_dir()

@@ -22,26 +22,27 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from services.common.proto_gen.tailspec.v1 import common_pb2 as tailspec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1etailspec/v1/spot_trainer.proto\x12\x0btailspec.v1\x1a\x18tailspec/v1/common.proto\"1\n\x0cGrantRequest\x12!\n\x05grant\x18\x01 \x01(\x0b\x32\x12.tailspec.v1.Grant\"e\n\rGrantResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x17\n\x0f\x64rafter_version\x18\x02 \x01(\x04\x12\x18\n\x10\x62uffered_samples\x18\x03 \x01(\r\x12\x0f\n\x07message\x18\x04 \x01(\t\"=\n\x0ePreemptRequest\x12+\n\npreemption\x18\x01 \x01(\x0b\x32\x17.tailspec.v1.Preemption\"\xb3\x01\n\x0fPreemptResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\x12\x17\n\x0frelease_seconds\x18\x02 \x01(\x01\x12\x16\n\x0esteps_in_grant\x18\x03 \x01(\r\x12\x17\n\x0ftrained_seconds\x18\x04 \x01(\x01\x12\x17\n\x0f\x64rafter_version\x18\x05 \x01(\x04\x12\x1a\n\x12\x63heckpoint_pending\x18\x06 \x01(\x08\x12\x0f\n\x07message\x18\x07 \x01(\t\"\xc4\x02\n\x11SpotTrainerStatus\x12&\n\x04info\x18\x01 \x01(\x0b\x32\x18.tailspec.v1.ServiceInfo\x12)\n\ractive_grants\x18\x02 \x03(\x0b\x32\x12.tailspec.v1.Grant\x12,\n\x07\x64rafter\x18\x03 \x01(\x0b\x32\x1b.tailspec.v1.DrafterVersion\x12\x13\n\x0btrain_steps\x18\x04 \x01(\x04\x12\x18\n\x10\x62uffered_samples\x18\x05 \x01(\r\x12\x17\n\x0f\x62uffer_capacity\x18\x06 \x01(\r\x12\x1d\n\x15samples_dropped_stale\x18\x07 \x01(\x04\x12\x1d\n\x15trained_seconds_total\x18\x08 \x01(\x01\x12\x11\n\tlast_loss\x18\t \x01(\x01\x12\x15\n\rlast_accuracy\x18\n \x01(\x01\x32\xe6\x01\n\x12SpotTrainerService\x12>\n\x05Grant\x12\x19.tailspec.v1.GrantRequest\x1a\x1a.tailspec.v1.GrantResponse\x12\x44\n\x07Preempt\x12\x1b.tailspec.v1.PreemptRequest\x1a\x1c.tailspec.v1.PreemptResponse\x12J\n\tGetStatus\x12\x1d.tailspec.v1.GetStatusRequest\x1a\x1e.tailspec.v1.SpotTrainerStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1etailspec/v1/spot_trainer.proto\x12\x0btailspec.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18tailspec/v1/common.proto\"1\n\x0cGrantRequest\x12!\n\x05grant\x18\x01 \x01(\x0b\x32\x12.tailspec.v1.Grant\"e\n\rGrantResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x17\n\x0f\x64rafter_version\x18\x02 \x01(\x04\x12\x18\n\x10\x62uffered_samples\x18\x03 \x01(\r\x12\x0f\n\x07message\x18\x04 \x01(\t\"=\n\x0ePreemptRequest\x12+\n\npreemption\x18\x01 \x01(\x0b\x32\x17.tailspec.v1.Preemption\"\xb7\x03\n\x0fPreemptResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\x12\x17\n\x0frelease_seconds\x18\x02 \x01(\x01\x12\x16\n\x0esteps_in_grant\x18\x03 \x01(\r\x12\x17\n\x0ftrained_seconds\x18\x04 \x01(\x01\x12\x17\n\x0f\x64rafter_version\x18\x05 \x01(\x04\x12\x1a\n\x12\x63heckpoint_pending\x18\x06 \x01(\x08\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x10\n\x08grant_id\x18\x08 \x01(\t\x12\x11\n\tworker_id\x18\t \x01(\t\x12.\n\nstarted_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0btrain_steps\x18\x0c \x01(\x04\x12\x16\n\tlast_loss\x18\r \x01(\x01H\x00\x88\x01\x01\x12\x1a\n\rlast_accuracy\x18\x0e \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x0bstop_reason\x18\x0f \x01(\tB\x0c\n\n_last_lossB\x10\n\x0e_last_accuracy\"\xa9\x03\n\x11SpotTrainerStatus\x12&\n\x04info\x18\x01 \x01(\x0b\x32\x18.tailspec.v1.ServiceInfo\x12)\n\ractive_grants\x18\x02 \x03(\x0b\x32\x12.tailspec.v1.Grant\x12,\n\x07\x64rafter\x18\x03 \x01(\x0b\x32\x1b.tailspec.v1.DrafterVersion\x12\x13\n\x0btrain_steps\x18\x04 \x01(\x04\x12\x18\n\x10\x62uffered_samples\x18\x05 \x01(\r\x12\x17\n\x0f\x62uffer_capacity\x18\x06 \x01(\r\x12\x1d\n\x15samples_dropped_stale\x18\x07 \x01(\x04\x12\x1d\n\x15trained_seconds_total\x18\x08 \x01(\x01\x12\x11\n\tlast_loss\x18\t \x01(\x01\x12\x15\n\rlast_accuracy\x18\n \x01(\x01\x12\x0f\n\x07replica\x18\x0b \x01(\r\x12\x0e\n\x06leader\x18\x0c \x01(\x08\x12\x16\n\x0estream_address\x18\r \x01(\t\x12\x18\n\x10steps_since_sync\x18\x0e \x01(\x04\x12\x10\n\x08training\x18\x0f \x01(\x08\x32\xe6\x01\n\x12SpotTrainerService\x12>\n\x05Grant\x12\x19.tailspec.v1.GrantRequest\x1a\x1a.tailspec.v1.GrantResponse\x12\x44\n\x07Preempt\x12\x1b.tailspec.v1.PreemptRequest\x1a\x1c.tailspec.v1.PreemptResponse\x12J\n\tGetStatus\x12\x1d.tailspec.v1.GetStatusRequest\x1a\x1e.tailspec.v1.SpotTrainerStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'services.common.proto_gen.tailspec.v1.spot_trainer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GRANTREQUEST']._serialized_start=73
-  _globals['_GRANTREQUEST']._serialized_end=122
-  _globals['_GRANTRESPONSE']._serialized_start=124
-  _globals['_GRANTRESPONSE']._serialized_end=225
-  _globals['_PREEMPTREQUEST']._serialized_start=227
-  _globals['_PREEMPTREQUEST']._serialized_end=288
-  _globals['_PREEMPTRESPONSE']._serialized_start=291
-  _globals['_PREEMPTRESPONSE']._serialized_end=470
-  _globals['_SPOTTRAINERSTATUS']._serialized_start=473
-  _globals['_SPOTTRAINERSTATUS']._serialized_end=797
-  _globals['_SPOTTRAINERSERVICE']._serialized_start=800
-  _globals['_SPOTTRAINERSERVICE']._serialized_end=1030
+  _globals['_GRANTREQUEST']._serialized_start=106
+  _globals['_GRANTREQUEST']._serialized_end=155
+  _globals['_GRANTRESPONSE']._serialized_start=157
+  _globals['_GRANTRESPONSE']._serialized_end=258
+  _globals['_PREEMPTREQUEST']._serialized_start=260
+  _globals['_PREEMPTREQUEST']._serialized_end=321
+  _globals['_PREEMPTRESPONSE']._serialized_start=324
+  _globals['_PREEMPTRESPONSE']._serialized_end=763
+  _globals['_SPOTTRAINERSTATUS']._serialized_start=766
+  _globals['_SPOTTRAINERSTATUS']._serialized_end=1191
+  _globals['_SPOTTRAINERSERVICE']._serialized_start=1194
+  _globals['_SPOTTRAINERSERVICE']._serialized_end=1424
 # @@protoc_insertion_point(module_scope)

@@ -56,7 +56,8 @@ class SpotTrainerServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Grant(self, request, context):
-        """Start (or extend) drafter training on granted resources.
+        """Start drafter training on granted resources; answers at once (training runs in the background until
+        preempted, the grant's deadline, or no fresh data).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
