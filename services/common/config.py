@@ -125,17 +125,28 @@ class SpotSection:
     seq_len: int = 4  # consecutive positions per sample (EAGLE unrolls over them)
     lr: float = 1.0e-3
     checkpoint_every: int = 50
+    replicas: int | None = None  # data-parallel replicas (parameter averaging); null = one per rollout actor
+
+
+@dataclass
+class GrpcSection:
+    """Where every service actor serves gRPC (coordinator, rollout actors, tuner, spot trainer). A host other
+    than loopback needs ``token`` (every call then carries ``authorization: Bearer <token>``)."""
+
+    host: str = "127.0.0.1"
+    token: str | None = None
 
 
 @dataclass
 class CoordinatorSection:
-    """The coordinator's gRPC endpoint (``tailspec status --address host:port``); port null = not served,
-    0 = a free port (printed and written to summary.json). A host other than loopback needs ``token``."""
+    """The coordinator actor (``tailspec status --address host:port``): ``port`` 0 = a free port (printed and
+    written to summary.json); workers heartbeat every ``heartbeat_interval_s`` and are FAILED after
+    ``heartbeat_timeout_s`` of silence."""
 
-    port: int | None = 0
-    host: str = "127.0.0.1"
-    token: str | None = None
+    port: int = 0
     keep_serving: bool = False  # keep answering after the run ends (tests, inspection)
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 30.0
 
 
 @dataclass
@@ -165,6 +176,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     tuner: TunerSection = field(default_factory=TunerSection)
     spot: SpotSection = field(default_factory=SpotSection)
+    grpc: GrpcSection = field(default_factory=GrpcSection)
     coordinator: CoordinatorSection = field(default_factory=CoordinatorSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     ray: RayConfig = field(default_factory=RayConfig)
@@ -197,6 +209,14 @@ def _validate(cfg: Config) -> None:
             "must be >= 1",
         ),
         ("rollout.speculative.tree_width", cfg.rollout.speculative.tree_width >= 1, "must be >= 1"),
+        ("spot.replicas", cfg.spot.replicas is None or cfg.spot.replicas >= 1, "must be >= 1 or null"),
+        ("coordinator.port", 0 <= cfg.coordinator.port <= 65535, "must be in 0..65535"),
+        ("coordinator.heartbeat_interval_s", cfg.coordinator.heartbeat_interval_s > 0, "must be > 0"),
+        (
+            "coordinator.heartbeat_timeout_s",
+            cfg.coordinator.heartbeat_timeout_s > cfg.coordinator.heartbeat_interval_s,
+            "must be > coordinator.heartbeat_interval_s",
+        ),
     ]
     for key, ok, why in checks:
         if not ok:

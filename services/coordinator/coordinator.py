@@ -271,24 +271,34 @@ class Coordinator:
         grant id; PREEMPTING workers get a fresh deadline, returned as ``Preempt`` messages to resend."""
         if self._workers:
             raise RuntimeError("rebuild_from_reports needs an empty coordinator")
+        out = [self.adopt(w, reports[w], (resources or {}).get(w)) for w in sorted(reports)]
+        return [p for p in out if p is not None]
+
+    @_locked
+    def adopt(
+        self, worker_id: str, report: WorkerReport | Mapping[str, Any], resources: dict | None = None
+    ) -> Preempt | None:
+        """One worker re-registering with a restarted coordinator that does not know it yet: its reported
+        state is taken as is (initialisation, not a transition), as in ``rebuild_from_reports``. Returns the
+        ``Preempt`` to resend for a PREEMPTING worker. Raises ``ValueError`` for a worker already known."""
+        if worker_id in self._workers:
+            raise ValueError(f"worker {worker_id!r} is already known: adopt is for unknown workers only")
         now = self._clock()
-        out: list[Preempt] = []
-        for worker_id in sorted(reports):
-            r = WorkerReport.coerce(reports[worker_id])
-            w = self._add_worker(worker_id, (resources or {}).get(worker_id), r.state, now)
-            w.reported_state = r.state
-            w.policy_version, w.drafter_version = r.policy_version, r.drafter_version
-            w.step, w.train_step = r.step, r.train_step
-            self.policy_version = max(self.policy_version, r.policy_version)
-            self.step = max(self.step, r.step)
-            if r.state in (S.TRAINING, S.PREEMPTING):
-                w.grant_id = self._new_grant_id()
-            if r.state is S.PREEMPTING:
-                w.preempt = Preempt(worker_id, now + self.preempt_deadline_s, "rebuild", w.grant_id)
-                out.append(w.preempt)
-        if any(w.state is S.ROLLOUT for w in self._workers.values()):
+        r = WorkerReport.coerce(report)
+        w = self._add_worker(worker_id, resources, r.state, now)
+        w.reported_state = r.state
+        w.policy_version, w.drafter_version = r.policy_version, r.drafter_version
+        w.step, w.train_step = r.step, r.train_step
+        self.policy_version = max(self.policy_version, r.policy_version)
+        self.step = max(self.step, r.step)
+        if r.state in (S.TRAINING, S.PREEMPTING):
+            w.grant_id = self._new_grant_id()
+        if r.state is S.ROLLOUT and (not self.phases or self.phases[-1].t_end is not None):
             self.phases.append(Phase(self.step, now))
-        return out
+        if r.state is S.PREEMPTING:
+            w.preempt = Preempt(worker_id, now + self.preempt_deadline_s, "rebuild", w.grant_id)
+            return w.preempt
+        return None
 
     @_locked
     def fail(self, worker_id: str, reason: str = "reported failure") -> None:

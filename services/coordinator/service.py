@@ -1,22 +1,48 @@
 """The coordinator's gRPC face: ``CoordinatorService`` (``protos/tailspec/v1/coordinator.proto``) over the
-plain ``Coordinator`` plus the driver's view of the run (step, phase, versions, bubble totals).
+plain ``Coordinator``, the actor that hosts both, and the client the driver and the workers use.
 
-    tailspec status --address 127.0.0.1:<coordinator.port>
+    tailspec status --address 127.0.0.1:<port printed by `make run`>
 
-The driver hosts it (``coordinator.port`` in the config; 127.0.0.1 unless ``coordinator.host`` says otherwise,
-then ``coordinator.token`` is required) with ``GrpcServer([expose(CoordinatorServiceServicer, service)])``.
+- ``CoordinatorService``: one method per RPC (snake_case), request message in, response message out; hosted
+  with ``GrpcServer([expose(CoordinatorServiceServicer, service)])``.
+- ``CoordinatorActor``: the coordinator as its own (Ray) actor: the state machine, its gRPC server
+  (``serve()``), and a ticker thread that applies heartbeat timeouts and preempt deadlines
+  (``Coordinator.tick``) every ``tick_interval_s``. Everything else talks to it over gRPC; only the bulk
+  Gantt-chart history (``timeline()``) is fetched through Ray.
+- ``CoordinatorClient``: a synchronous client returning plain dicts.
+
+RPC semantics (mapped onto ``Coordinator`` events):
+
+- ``Register``: a new worker -> STARTING. A worker the coordinator does not know that reports a state
+  (re-registration after a coordinator restart) is adopted in that state (``Coordinator.adopt``).
+- ``ReportState``: ROLLOUT = ``rollout_started``; IDLE from STARTING = ``ready``, from ROLLOUT =
+  ``rollout_finished`` (the answer carries the ``Grant`` when the bubble is lent at once), from
+  TRAINING/PREEMPTING = ``training_stopped`` (``grant_id``; a stale grant is answered accepted=false),
+  IDLE when already IDLE = accepted no-op; FAILED = ``fail``; STOPPED = ``stop``. TRAINING and PREEMPTING are
+  the coordinator's to give, never reported. An illegal transition is answered ``accepted=false``.
+- ``RequestResources``: ROLLOUT = ``request_resources(worker_ids)`` (preemptions + the ids already free);
+  DRAFTER_TRAINING = ``buffer_ready(fresh_samples)`` (grants for every eligible idle worker).
+- ``Heartbeat``: liveness and the worker's own view (``Coordinator.heartbeat``); the answer says the
+  coordinator's view, and a pending preemption. ``known=false`` tells the worker to register again.
+- ``ReportRun``: the driver's view (step, phase, versions, bubble totals) that ``GetStatus`` reports.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from services.common.proto_gen.tailspec.v1 import common_pb2, coordinator_pb2
-from services.coordinator.coordinator import Coordinator
+from services.common.grpc_server import channel
+from services.common.proto_gen.tailspec.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from services.coordinator.coordinator import Coordinator, Grant, Preempt, WorkerReport
+from services.coordinator.states import IllegalTransition, WorkerState
+
+S = WorkerState
+SERVICE_NAME = "tailspec.v1.CoordinatorService"
 
 _PHASES = {
     "rollout": common_pb2.STEP_PHASE_ROLLOUT,
@@ -25,6 +51,7 @@ _PHASES = {
     "weight_sync": common_pb2.STEP_PHASE_WEIGHT_SYNC,
     "done": common_pb2.STEP_PHASE_DONE,
 }
+_PHASE_NAMES = {v: k for k, v in _PHASES.items()}
 
 
 def _ts(t: float | None = None) -> Timestamp:
@@ -33,13 +60,186 @@ def _ts(t: float | None = None) -> Timestamp:
     return ts
 
 
-class CoordinatorService:
-    """RPC-named methods (snake_case), request in, response out; ``run_info()`` gives the driver's view:
-    {step, phase, policy_version, drafter_version, table_version, bubble_seconds, bubble_trained_seconds}."""
+def state_pb(state: WorkerState | str) -> int:
+    return common_pb2.WorkerState.Value(f"WORKER_STATE_{WorkerState(state).value}")
 
-    def __init__(self, coordinator: Coordinator, run_info: Callable[[], dict[str, Any]]):
+
+def state_from_pb(value: int) -> WorkerState | None:
+    """None for WORKER_STATE_UNSPECIFIED."""
+    name = common_pb2.WorkerState.Name(value).removeprefix("WORKER_STATE_")
+    return None if name == "UNSPECIFIED" else WorkerState(name)
+
+
+class CoordinatorService:
+    """RPC-named methods over a ``Coordinator``.
+
+    Args:
+        coordinator: the state machine.
+        run_info: optional callable giving the driver's view {step, phase, policy_version, drafter_version,
+            table_version, bubble_seconds, bubble_trained_seconds}; without it ``ReportRun`` sets that view.
+        heartbeat_interval_s: what ``Register`` tells workers.
+    """
+
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        run_info: Callable[[], dict[str, Any]] | None = None,
+        heartbeat_interval_s: float = 1.0,
+        address: str = "",
+    ):
         self.coordinator = coordinator
-        self.run_info = run_info
+        self._run_info = run_info
+        self._reported: dict[str, Any] = {}
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.address = address
+        self._addresses: dict[str, str] = {}
+        self._mono0, self._wall0 = time.monotonic(), time.time()
+
+    def run_info(self) -> dict[str, Any]:
+        return self._run_info() if self._run_info is not None else dict(self._reported)
+
+    def _wall(self, t_mono: float) -> float:
+        """Coordinator clock (monotonic) -> wall-clock seconds."""
+        return self._wall0 + (t_mono - self._mono0)
+
+    def _grant_pb(self, g: Grant, grantee: str = "spot-trainer") -> common_pb2.Grant:
+        return common_pb2.Grant(
+            grant_id=str(g.grant_id),
+            worker_id=g.worker_id,
+            grantee_id=grantee,
+            resources=common_pb2.Resources(num_cpus=float(g.resources.get("cpus", 0.0))),
+            granted_at=_ts(self._wall(g.issued_at)),
+            rl_step=self.coordinator.step,
+            policy_version=int(g.policy_version),
+        )
+
+    def _preempt_pb(self, p: Preempt) -> common_pb2.Preemption:
+        return common_pb2.Preemption(
+            grant_id="" if p.grant_id is None else str(p.grant_id),
+            worker_id=p.worker_id,
+            reason=p.reason,
+            release_by=_ts(self._wall(p.deadline)),
+        )
+
+    # ------------------------------------------------------------------ RPCs
+    def register(self, req: coordinator_pb2.RegisterRequest) -> coordinator_pb2.RegisterResponse:
+        if not req.worker_id:
+            raise ValueError("RegisterRequest.worker_id is required")
+        c = self.coordinator
+        resources = {"cpus": req.resources.num_cpus} if req.HasField("resources") else None
+        own = state_from_pb(req.state)
+        known = req.worker_id in c.snapshot()
+        if not known and own is not None and own is not S.STARTING:
+            c.adopt(
+                req.worker_id,
+                WorkerReport(
+                    own,
+                    policy_version=req.versions.policy_version,
+                    drafter_version=req.versions.drafter_version,
+                    step=req.rl_step,
+                ),
+                resources,
+            )
+            state = own
+        else:
+            state = c.register(req.worker_id, resources)
+        if req.address:
+            self._addresses[req.worker_id] = req.address
+        return coordinator_pb2.RegisterResponse(
+            worker_id=req.worker_id,
+            state=state_pb(state),
+            heartbeat_interval_seconds=self.heartbeat_interval_s,
+            heartbeat_timeout_seconds=c.heartbeat_timeout_s,
+            rl_step=c.step,
+        )
+
+    def heartbeat(self, req: coordinator_pb2.HeartbeatRequest) -> coordinator_pb2.HeartbeatResponse:
+        c = self.coordinator
+        if req.worker_id not in c.snapshot():
+            return coordinator_pb2.HeartbeatResponse(known=False, rl_step=c.step)
+        own = state_from_pb(req.state)
+        report = None
+        if own is not None:
+            report = WorkerReport(own, req.versions.policy_version, req.versions.drafter_version, step=c.step)
+        state = c.heartbeat(req.worker_id, report)
+        resp = coordinator_pb2.HeartbeatResponse(known=True, state=state_pb(state), rl_step=c.step)
+        for p in c.pending_preempts():
+            if p.worker_id == req.worker_id:
+                resp.preemption.CopyFrom(self._preempt_pb(p))
+        return resp
+
+    def report_state(self, req: coordinator_pb2.ReportStateRequest) -> coordinator_pb2.ReportStateResponse:
+        c = self.coordinator
+        dst = state_from_pb(req.state)
+        w = req.worker_id
+        cur = c.state(w)  # KeyError (NOT_FOUND) for an unknown worker
+        grant = None
+        accepted, message = True, ""
+        try:
+            if dst is S.ROLLOUT:
+                c.rollout_started(w, req.rl_step or None)
+            elif dst is S.IDLE:
+                if cur is S.STARTING:
+                    c.ready(w)
+                elif cur is S.ROLLOUT:
+                    grant = c.rollout_finished(w)
+                elif cur in (S.TRAINING, S.PREEMPTING):
+                    gid = int(req.grant_id) if req.grant_id else None
+                    accepted = c.training_stopped(w, gid, req.train_step or None)
+                    if not accepted:
+                        message = f"stale: grant {req.grant_id!r} is not the worker's current grant"
+                elif cur is not S.IDLE:
+                    raise IllegalTransition(w, cur, S.IDLE, req.reason)
+            elif dst is S.FAILED:
+                c.fail(w, req.reason or "reported failure")
+            elif dst is S.STOPPED:
+                c.stop(w)
+            else:
+                raise ValueError(
+                    f"ReportStateRequest.state must be ROLLOUT, IDLE, FAILED or STOPPED, got "
+                    f"{common_pb2.WorkerState.Name(req.state)} (TRAINING/PREEMPTING are the coordinator's)"
+                )
+        except IllegalTransition as e:
+            accepted, message = False, str(e)
+        resp = coordinator_pb2.ReportStateResponse(
+            accepted=accepted, state=state_pb(c.state(w)), message=message
+        )
+        if grant is not None:
+            resp.grant.CopyFrom(self._grant_pb(grant))
+        return resp
+
+    def request_resources(
+        self, req: coordinator_pb2.RequestResourcesRequest
+    ) -> coordinator_pb2.RequestResourcesResponse:
+        c = self.coordinator
+        if req.purpose == coordinator_pb2.RESOURCE_PURPOSE_ROLLOUT:
+            ids = list(req.worker_ids) or [
+                w for w, info in c.snapshot().items() if info["state"] not in ("FAILED", "STOPPED")
+            ]
+            preempts = c.request_resources(ids, req.reason or "rollout")
+            ready = [w for w in ids if c.state(w) in (S.IDLE, S.STARTING)]
+            return coordinator_pb2.RequestResourcesResponse(
+                preemptions=[self._preempt_pb(p) for p in preempts], ready_worker_ids=ready
+            )
+        if req.purpose == coordinator_pb2.RESOURCE_PURPOSE_DRAFTER_TRAINING:
+            grants = c.buffer_ready(int(req.fresh_samples))
+            return coordinator_pb2.RequestResourcesResponse(
+                grants=[self._grant_pb(g, req.requester_id or "spot-trainer") for g in grants]
+            )
+        raise ValueError("RequestResourcesRequest.purpose must be ROLLOUT or DRAFTER_TRAINING")
+
+    def report_run(self, req: coordinator_pb2.ReportRunRequest) -> coordinator_pb2.ReportRunResponse:
+        self._reported = {
+            "step": int(req.rl_step),
+            "phase": _PHASE_NAMES.get(req.phase, ""),
+            "policy_version": int(req.versions.policy_version),
+            "drafter_version": int(req.versions.drafter_version),
+            "table_version": int(req.versions.strategy_table_version),
+            "bubble_seconds": float(req.bubble_seconds_total),
+            "bubble_trained_seconds": float(req.bubble_trained_seconds_total),
+        }
+        self.coordinator.set_policy_version(int(req.versions.policy_version))
+        return coordinator_pb2.ReportRunResponse()
 
     def get_status(self, req: common_pb2.GetStatusRequest) -> coordinator_pb2.CoordinatorStatus:
         info = self.run_info()
@@ -49,16 +249,35 @@ class CoordinatorService:
                 coordinator_pb2.WorkerInfo(
                     worker_id=wid,
                     role=common_pb2.WORKER_ROLE_ROLLOUT,
-                    state=common_pb2.WorkerState.Value(f"WORKER_STATE_{w['state']}"),
+                    state=state_pb(w["state"]),
+                    address=self._addresses.get(wid, ""),
+                    resources=common_pb2.Resources(num_cpus=float(w["resources"].get("cpus", 0.0))),
                     versions=common_pb2.Versions(
-                        policy_version=int(info.get("policy_version", 0)),
-                        drafter_version=int(info.get("drafter_version", 0)),
+                        policy_version=int(w["policy_version"] or info.get("policy_version", 0)),
+                        drafter_version=int(w["drafter_version"] or info.get("drafter_version", 0)),
                     ),
+                    last_heartbeat=_ts(self._wall(w["last_heartbeat"])),
+                    state_since=_ts(self._wall(w["since"])),
+                    grant_id="" if w["grant_id"] is None else str(w["grant_id"]),
                 )
             )
+        transitions = []
+        if req.verbose:
+            for t in list(self.coordinator.transitions)[-50:]:
+                transitions.append(
+                    common_pb2.StateTransition(
+                        worker_id=t.worker_id,
+                        from_state=0 if t.src is None else state_pb(t.src),
+                        to_state=state_pb(t.dst),
+                        reason=t.reason,
+                        at=_ts(self._wall(t.t)),
+                    )
+                )
         return coordinator_pb2.CoordinatorStatus(
-            info=common_pb2.ServiceInfo(service="tailspec.v1.CoordinatorService", instance_id="coordinator"),
-            rl_step=int(info.get("step", 0)),
+            info=common_pb2.ServiceInfo(
+                service=SERVICE_NAME, instance_id="coordinator", address=self.address
+            ),
+            rl_step=int(info.get("step", self.coordinator.step)),
             phase=_PHASES.get(info.get("phase", ""), common_pb2.STEP_PHASE_UNSPECIFIED),
             versions=common_pb2.Versions(
                 policy_version=int(info.get("policy_version", 0)),
@@ -68,5 +287,226 @@ class CoordinatorService:
             workers=workers,
             bubble_seconds_total=float(info.get("bubble_seconds", 0.0)),
             bubble_trained_seconds_total=float(info.get("bubble_trained_seconds", 0.0)),
+            recent_transitions=transitions,
             now=_ts(),
         )
+
+
+# ---------------------------------------------------------------------------------------------- the actor
+class CoordinatorActor:
+    """The coordinator as its own actor: state machine + gRPC server + ticker (heartbeat timeouts, preempt
+    deadlines). Args are ``Coordinator``'s; ``tick_interval_s`` is how often ``tick`` runs."""
+
+    def __init__(
+        self,
+        heartbeat_timeout_s: float = 30.0,
+        preempt_deadline_s: float = 2.0,
+        min_fresh_samples: int = 1,
+        heartbeat_interval_s: float = 1.0,
+        tick_interval_s: float = 0.25,
+    ):
+        self.coordinator = Coordinator(
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            preempt_deadline_s=preempt_deadline_s,
+            min_fresh_samples=min_fresh_samples,
+        )
+        self.service = CoordinatorService(self.coordinator, heartbeat_interval_s=heartbeat_interval_s)
+        self.server = None
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(target=self._tick, args=(tick_interval_s,), daemon=True)
+        self._ticker.start()
+
+    def _tick(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self.coordinator.tick()
+
+    def serve(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> str:
+        """Serve ``tailspec.v1.CoordinatorService`` (plus health); returns ``host:port``."""
+        from services.common.grpc_server import GrpcServer, expose
+
+        self.server = GrpcServer(
+            [expose(coordinator_pb2_grpc.CoordinatorServiceServicer, self.service)],
+            host=host,
+            port=port,
+            token=token,
+            name="coordinator",
+        )
+        self.server.start()
+        self.service.address = self.server.address
+        return self.server.address
+
+    def ping(self) -> int:
+        return len(self.coordinator.snapshot())
+
+    def timeline(self) -> tuple[list[tuple], list[tuple]]:
+        """(Gantt bars as ``TimelineEvent`` tuples, rollout ``Phase`` tuples), coordinator clock."""
+        return [tuple(e) for e in self.coordinator.timeline()], [tuple(p) for p in self.coordinator.phases]
+
+    def close(self, keep_serving: bool = False) -> None:
+        """Stop ticking (state is frozen); stop serving unless ``keep_serving``."""
+        self._stop.set()
+        if self.server is not None and not keep_serving:
+            self.server.stop()
+
+
+# ---------------------------------------------------------------------------------------------- client
+def _grant_dict(g: common_pb2.Grant) -> dict[str, Any]:
+    return {
+        "grant_id": g.grant_id,
+        "worker_id": g.worker_id,
+        "rl_step": int(g.rl_step),
+        "policy_version": int(g.policy_version),
+    }
+
+
+class CoordinatorClient:
+    """Synchronous client of ``CoordinatorService`` (plain dicts in and out). RPC failures raise
+    ``grpc.RpcError`` (UNAVAILABLE when the coordinator is gone, NOT_FOUND for an unknown worker)."""
+
+    def __init__(self, address: str, token: str | None = None, timeout: float = 30.0):
+        self.address = address
+        self.timeout = timeout
+        self._channel = channel(address, token)
+        self._stub = coordinator_pb2_grpc.CoordinatorServiceStub(self._channel)
+
+    def register(
+        self,
+        worker_id: str,
+        cpus: float = 0.0,
+        state: str | None = None,
+        rl_step: int = 0,
+        versions: Mapping[str, int] | None = None,
+        address: str = "",
+    ) -> dict[str, Any]:
+        """Register (``state`` given: re-register with a restarted coordinator in that state)."""
+        v = dict(versions or {})
+        resp = self._stub.Register(
+            coordinator_pb2.RegisterRequest(
+                worker_id=str(worker_id),
+                role=common_pb2.WORKER_ROLE_ROLLOUT,
+                address=address,
+                resources=common_pb2.Resources(num_cpus=float(cpus)),
+                versions=common_pb2.Versions(**v),
+                state=0 if state is None else state_pb(state),
+                rl_step=int(rl_step),
+            ),
+            timeout=self.timeout,
+        )
+        return {
+            "state": state_from_pb(resp.state),
+            "heartbeat_interval_s": resp.heartbeat_interval_seconds,
+            "heartbeat_timeout_s": resp.heartbeat_timeout_seconds,
+            "rl_step": int(resp.rl_step),
+        }
+
+    def heartbeat(self, worker_id: str, state: str | None = None, versions: Mapping[str, int] | None = None):
+        resp = self._stub.Heartbeat(
+            coordinator_pb2.HeartbeatRequest(
+                worker_id=str(worker_id),
+                state=0 if state is None else state_pb(state),
+                versions=common_pb2.Versions(**dict(versions or {})),
+                sent_at=_ts(),
+            ),
+            timeout=self.timeout,
+        )
+        return {
+            "known": resp.known,
+            "state": state_from_pb(resp.state),
+            "preemption": (
+                {"grant_id": resp.preemption.grant_id, "reason": resp.preemption.reason}
+                if resp.HasField("preemption")
+                else None
+            ),
+        }
+
+    def report_state(
+        self,
+        worker_id: str,
+        state: str,
+        reason: str = "",
+        rl_step: int = 0,
+        grant_id: str | None = None,
+        train_step: int = 0,
+    ) -> dict[str, Any]:
+        """-> {accepted, state, message, grant (dict or None)}."""
+        resp = self._stub.ReportState(
+            coordinator_pb2.ReportStateRequest(
+                worker_id=str(worker_id),
+                state=state_pb(state),
+                reason=reason,
+                rl_step=int(rl_step),
+                grant_id=grant_id or "",
+                train_step=int(train_step or 0),
+            ),
+            timeout=self.timeout,
+        )
+        return {
+            "accepted": resp.accepted,
+            "state": state_from_pb(resp.state),
+            "message": resp.message,
+            "grant": _grant_dict(resp.grant) if resp.HasField("grant") else None,
+        }
+
+    def request_rollout(self, worker_ids: Iterable[str], reason: str = "rollout") -> dict[str, Any]:
+        """Take workers back for rollout -> {preemptions: [{worker_id, grant_id, release_by}], ready: [...]}."""
+        resp = self._stub.RequestResources(
+            coordinator_pb2.RequestResourcesRequest(
+                requester_id="driver",
+                purpose=coordinator_pb2.RESOURCE_PURPOSE_ROLLOUT,
+                worker_ids=[str(w) for w in worker_ids],
+                reason=reason,
+            ),
+            timeout=self.timeout,
+        )
+        return {
+            "preemptions": [
+                {
+                    "worker_id": p.worker_id,
+                    "grant_id": p.grant_id,
+                    "release_by": p.release_by.ToNanoseconds() / 1e9,
+                }
+                for p in resp.preemptions
+            ],
+            "ready": list(resp.ready_worker_ids),
+        }
+
+    def request_training(self, fresh_samples: int, requester: str = "spot-trainer") -> list[dict[str, Any]]:
+        """Borrow every eligible idle worker for drafter training -> grants."""
+        resp = self._stub.RequestResources(
+            coordinator_pb2.RequestResourcesRequest(
+                requester_id=requester,
+                purpose=coordinator_pb2.RESOURCE_PURPOSE_DRAFTER_TRAINING,
+                fresh_samples=int(fresh_samples),
+            ),
+            timeout=self.timeout,
+        )
+        return [_grant_dict(g) for g in resp.grants]
+
+    def report_run(self, info: Mapping[str, Any]) -> None:
+        """The driver's view: {step, phase, policy_version, drafter_version, table_version, bubble_seconds,
+        bubble_trained_seconds}."""
+        self._stub.ReportRun(
+            coordinator_pb2.ReportRunRequest(
+                rl_step=int(info.get("step", 0)),
+                phase=_PHASES.get(info.get("phase", ""), common_pb2.STEP_PHASE_UNSPECIFIED),
+                versions=common_pb2.Versions(
+                    policy_version=int(info.get("policy_version", 0)),
+                    drafter_version=int(info.get("drafter_version", 0)),
+                    strategy_table_version=int(info.get("table_version", 0)),
+                ),
+                bubble_seconds_total=float(info.get("bubble_seconds", 0.0)),
+                bubble_trained_seconds_total=float(info.get("bubble_trained_seconds", 0.0)),
+            ),
+            timeout=self.timeout,
+        )
+
+    def states(self) -> dict[str, WorkerState]:
+        """worker id -> state (one ``GetStatus``)."""
+        resp = self._stub.GetStatus(common_pb2.GetStatusRequest(), timeout=self.timeout)
+        return {w.worker_id: state_from_pb(w.state) for w in resp.workers}
+
+    def status(self, verbose: bool = False) -> coordinator_pb2.CoordinatorStatus:
+        return self._stub.GetStatus(common_pb2.GetStatusRequest(verbose=verbose), timeout=self.timeout)
+
+    def close(self) -> None:
+        self._channel.close()

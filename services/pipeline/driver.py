@@ -15,7 +15,6 @@ With ``ray.use_ray=false`` the same services run in-process (tests, debugging). 
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import os
 import random
 import time
@@ -26,10 +25,11 @@ import numpy as np
 
 from services.common.config import Config, resolve_path, to_yaml
 from services.common.ray_utils import ActorPool, init_ray
+from services.pipeline.control_plane import ControlPlane
 from services.pipeline.datasets import GSM8KExample, default_dataset_dir, format_prompt, load_gsm8k
 from services.pipeline.outputs import RunWriter, length_stats, new_run_id, plot_curves, plot_response_lengths
 from services.pipeline.rewards import gsm8k_reward
-from services.rollout_actor.worker import RolloutRequest, RolloutWorker, ShardResult
+from services.rollout_actor.worker import RolloutRequest, ShardResult
 
 
 class PreflightError(ValueError):
@@ -139,11 +139,13 @@ class RLDriver:
         self.cursor = 0
         self.lengths = LengthPredictor()
         self.rows: list[dict] = []
-        self.drafter_version = 0
         self.lengths_per_step: list[list[int]] = []
+        self._timeline = None
 
     # ------------------------------------------------------------------ services
     def _start_services(self) -> None:
+        """Ray (when used), metrics, and the control plane: coordinator, tuner, rollout actors, spot trainer,
+        all speaking gRPC (``services/pipeline/control_plane.py``); then the policy trainer."""
         cfg = self.cfg
         if cfg.ray.use_ray:
             import ray
@@ -162,45 +164,21 @@ class RLDriver:
                 port = self.metrics.start_http_server(cfg.metrics.port, cfg.metrics.host)
                 self.metrics_endpoint = f"http://{cfg.metrics.host}:{port}/metrics"
                 self.log(f"metrics: {self.metrics_endpoint}")
-        sampling = dict(
-            temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p,
-            top_k=cfg.rollout.top_k,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-        )
-        n = cfg.rollout.num_actors
-        self.worker_ids = list(range(n))  # ids of the live rollout actors, parallel to self.rollout.members
-        self.tuner = None
-        table = None
-        if cfg.tuner.enabled:
-            from services.tuner.service import TunerService
+        from services.spot_trainer.bubbles import BubbleAccounting
 
-            ckpt = str(self.run_dir / "checkpoints" / "tuner_state.json")
-            self.tuner = ActorPool.create(
-                TunerService,
-                [(cfg.tuner.arms, dict(cfg.tuner.bandit), self.available_drafters(), ckpt)],
-                cfg.ray.use_ray,
-                num_cpus=0,
-            )
-            table = self.tuner.call(0, "table")
-        self.rollout = ActorPool.create(
-            RolloutWorker,
-            [(i, str(self.model_path), sampling) for i in range(n)],
-            cfg.ray.use_ray,
-            num_cpus=cfg.rollout.threads_per_actor,
-            kwargs_list=[
-                dict(
-                    max_batch_size=cfg.rollout.max_batch_size,
-                    threads=cfg.rollout.threads_per_actor,
-                    speculative=asdict(cfg.rollout.speculative),
-                    tuner_table=table,
-                    tuner_budgets=dict(cfg.tuner.budgets),
-                    learned=self.learned_cfg(),
-                )
-                for _ in range(n)
-            ],
+        self.bubbles = BubbleAccounting()
+        self.phase = "rollout"
+        self.plane = ControlPlane(
+            cfg,
+            self.model_path,
+            self.run_dir,
+            self.learned_cfg(),
+            self.available_drafters(),
+            self._run_info,
+            self.log,
         )
-        self._start_bubble_services(n)
+        self.plane.start()
+        self.log(f"coordinator: tailspec status --address {self.plane.coordinator_address}")
         from services.policy_trainer.actor import PolicyTrainerService
 
         self.trainer = ActorPool.create(
@@ -209,6 +187,15 @@ class RLDriver:
             cfg.ray.use_ray,
             num_cpus=0,
         )
+
+    @property
+    def coordinator_address(self) -> str | None:
+        plane = getattr(self, "plane", None)
+        return plane.coordinator_address if plane is not None else None
+
+    def _set_phase(self, phase: str) -> None:
+        self.phase = phase
+        self.plane.report_run()
 
     def _export_metrics(self, row: dict) -> None:
         """The step's row to Prometheus (same numbers as metrics.jsonl)."""
@@ -219,8 +206,8 @@ class RLDriver:
         m.record_responses(self.lengths_per_step[-1])
         for arm, n in ((row.get("tuner") or {}).get("choices") or {}).items():
             m.record_arm_selection("all", arm, n)
-        for wid, w in self.coordinator.snapshot().items():
-            m.set_worker_state(wid, w["state"])
+        for wid, state in self.plane.coord("states").items():
+            m.set_worker_state(wid, str(state))
 
     @property
     def speculating(self) -> bool:
@@ -232,67 +219,6 @@ class RLDriver:
     def strategy_name(self) -> str:
         return "tuner" if self.cfg.tuner.enabled else self.cfg.rollout.speculative.drafter
 
-    def _start_bubble_services(self, n: int) -> None:
-        """Coordinator (in the driver process), bubble accounting, and the spot trainer when it can run."""
-        from services.coordinator.coordinator import Coordinator
-        from services.spot_trainer.bubbles import BubbleAccounting
-
-        cfg = self.cfg
-        self.coordinator = Coordinator(
-            preempt_deadline_s=cfg.spot.preempt_deadline_s, min_fresh_samples=cfg.spot.min_fresh_samples
-        )
-        for i in range(n):
-            self.coordinator.register(str(i), {"cpus": cfg.rollout.threads_per_actor})
-            self.coordinator.ready(str(i))
-        self.bubbles = BubbleAccounting()
-        self.phase = "rollout"
-        self.coordinator_address = None
-        self.grpc = None
-        if cfg.coordinator.port is not None:
-            from services.common.grpc_server import GrpcServer, expose
-            from services.common.proto_gen.tailspec.v1 import coordinator_pb2_grpc
-            from services.coordinator.service import CoordinatorService
-
-            svc = CoordinatorService(self.coordinator, self._run_info)
-            self.grpc = GrpcServer(
-                [expose(coordinator_pb2_grpc.CoordinatorServiceServicer, svc)],
-                host=cfg.coordinator.host,
-                port=cfg.coordinator.port,
-                token=cfg.coordinator.token,
-            )
-            port = self.grpc.start()
-            self.coordinator_address = f"{cfg.coordinator.host}:{port}"
-            self.log(f"coordinator: tailspec status --address {self.coordinator_address}")
-        self.spot = None
-        self.spot_grants = []
-        if not (cfg.spot.enabled and cfg.rollout.speculative.learned):
-            return
-        from services.spot_trainer.service import SpotTrainerService
-
-        s = cfg.spot
-        kwargs = dict(
-            eagle3=cfg.rollout.speculative.eagle3,
-            seed=cfg.run.seed,
-            capacity_tokens=s.capacity_tokens,
-            keep_versions=s.keep_versions,
-            batch_size=s.batch_size,
-            seq_len=s.seq_len,
-            lr=s.lr,
-            checkpoint_every=s.checkpoint_every,
-            min_samples=s.min_fresh_samples,
-        )
-        ckpt = str(self.run_dir / "checkpoints" / "spot_trainer")
-        self.spot = ActorPool.create(
-            SpotTrainerService,
-            [(str(self.model_path), ckpt)],
-            cfg.ray.use_ray,
-            num_cpus=0,
-            kwargs_list=[kwargs],
-            max_concurrency=4,
-        )
-        address = self.spot.call(0, "address")
-        self.rollout.call_all("connect_spot_trainer", [(address,)] * n)
-
     def _run_info(self) -> dict:
         last = self.rows[-1] if self.rows else {}
         t = self.bubbles.totals()
@@ -300,33 +226,11 @@ class RLDriver:
             "step": len(self.rows) + (0 if self.phase == "done" else 1),
             "phase": self.phase,
             "policy_version": last.get("policy_version", 0),
-            "drafter_version": self.drafter_version,
+            "drafter_version": self.plane.drafter_version,
             "table_version": (last.get("tuner") or {}).get("table_version", 0),
             "bubble_seconds": t["idle_seconds"],
             "bubble_trained_seconds": t["trained_seconds"],
         }
-
-    def _after_update(self, state, version: int) -> dict:
-        """Phase boundary: the spot trainer follows the policy; a newly trained drafter is published and
-        installed on every rollout actor (never in the middle of a request)."""
-        if self.spot is None:
-            return {}
-        self.spot.call(0, "update_policy", state, version)
-        out: dict = {"spot_grants": len(self.spot_grants)}
-        if self.spot_grants:
-            dv, head = self.spot.call(0, "publish")
-            self.rollout.call_all("load_drafter", [(head, dv)] * len(self.rollout))
-            self.drafter_version = dv
-            g = self.spot_grants[-1]
-            out.update(
-                spot_train_steps=sum(x["steps"] for x in self.spot_grants),
-                spot_top1=g.get("top1"),
-                spot_loss=g.get("loss"),
-            )
-        st = self.spot.call(0, "stats")
-        out["spot_buffer_tokens"] = st["buffer"].get("tokens")
-        out["spot_buffer_dropped"] = st["buffer"].get("dropped")
-        return out
 
     def learned_cfg(self) -> dict | None:
         spec = self.cfg.rollout.speculative
@@ -344,19 +248,12 @@ class RLDriver:
         return ["suffix", "ngram"] + (["learned", "hybrid"] if self.cfg.rollout.speculative.learned else [])
 
     def _stop_services(self) -> None:
-        self.phase = "done"
-        if getattr(self, "grpc", None) is not None and not self.cfg.coordinator.keep_serving:
-            self.grpc.stop()
-        if getattr(self, "spot", None) is not None:
-            self.spot.call(0, "close")
-        for pool in (
-            getattr(self, "rollout", None),
-            getattr(self, "trainer", None),
-            getattr(self, "tuner", None),
-            getattr(self, "spot", None),
-        ):
-            if pool is not None:
-                pool.shutdown()
+        if getattr(self, "plane", None) is not None:
+            self.phase = "done"
+            self.plane.report_run()
+            self.plane.stop()
+        if getattr(self, "trainer", None) is not None:
+            self.trainer.shutdown()
         if getattr(self, "_owns_ray", False):
             import ray
 
@@ -388,149 +285,33 @@ class RLDriver:
                 )
                 for j in range(g)
             ]
-        shards = assign_groups([(pid, self.lengths.predict(pid)) for pid in reqs], len(self.rollout))
+        shards = assign_groups([(pid, self.lengths.predict(pid)) for pid in reqs], len(self.plane.rollout))
         t0 = time.perf_counter()
         spec = self.cfg.rollout.speculative
         measure = (spec.enabled or self.cfg.tuner.enabled) and spec.speedup_sample_prompts > 0
-        results = self._rollout_phase(
+        results, trained, phase_end = self.plane.rollout_phase(
             step, [[r for pid in shard for r in reqs[pid]] for shard in shards], measure
         )
+        for res in results:
+            w = str(res.worker)
+            self.bubbles.record(step, w, res.finished_at, phase_end, trained.get(w, 0.0))
         rollout_s = time.perf_counter() - t0
         self.speedup = None
         if measure:
             # replay a fixed sample (the first groups of worker 0's shard) with speculation off and on
             sample = [r for pid in shards[0][: spec.speedup_sample_prompts] for r in reqs[pid]]
-            self.speedup = self.rollout.call(0, "measure_speedup", sample)
-        self.tuner_row = self._tune() if self.tuner is not None else None
+            self.speedup = self.plane.rollout.call(0, "measure_speedup", sample)
+        self.tuner_row = self.plane.tune(results) if self.plane.tuner is not None else None
         return reqs, results, rollout_s
-
-    def _rollout_phase(
-        self, step: int, shards: list[list[RolloutRequest]], measure: bool
-    ) -> list[ShardResult]:
-        """Every actor decodes its shard; an actor that finishes early goes IDLE and, when the hidden-state
-        buffer holds enough fresh data, the coordinator grants its bubble to the spot trainer, which trains
-        the learned drafter until the phase ends (PREEMPT, deadline ``spot.preempt_deadline_s``)."""
-        coord = self.coordinator
-        coord.phase_started(step)
-        if self.spot is not None:
-            self.spot.call(0, "open_phase")
-        wids = [str(w) for w in self.worker_ids]
-        for w in wids:
-            coord.rollout_started(w, step)
-        outstanding = {i: 1 for i in range(len(shards))}  # pool index -> shards in flight
-        futures = {
-            self.rollout.submit(i, "rollout", shard, step, measure): (i, i) for i, shard in enumerate(shards)
-        }
-        results: dict[int, ShardResult] = {}  # shard -> result
-        training: dict[str, tuple] = {}  # worker -> (future, grant)
-        dead: set[int] = set()
-        early: list[dict] = []  # grants cut short to take a worker back for a re-dispatched shard
-        pending = set(futures)
-        while pending:
-            done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
-            for f in done:
-                s_idx, i = futures[f]
-                outstanding[i] -= 1
-                try:
-                    results[s_idx] = f.result()
-                except Exception as e:
-                    if not _actor_died(e) or i in dead:  # a bug in the rollout itself is not retried
-                        raise
-                    # re-dispatch the whole shard (a shard returns all or nothing: none lost, none doubled)
-                    dead.add(i)
-                    coord.fail(wids[i], f"rollout actor died: {type(e).__name__}")
-                    live = [j for j in range(len(wids)) if j not in dead]
-                    if not live:
-                        raise RuntimeError("every rollout actor died") from e
-                    j = min(live, key=lambda k: (coord.state(wids[k]) != "ROLLOUT", -outstanding[k], k))
-                    if coord.state(wids[j]) != "ROLLOUT":
-                        coord.request_resources([wids[j]], "re-dispatch")
-                        if wids[j] in training:
-                            self.spot.call(0, "preempt")
-                            fut, g = training.pop(wids[j])
-                            out = fut.result()
-                            coord.training_stopped(wids[j], g.grant_id, out.get("step"))
-                            early.append(out)
-                            self.spot.call(0, "open_phase")
-                        coord.rollout_started(wids[j], step)
-                    outstanding[j] += 1
-                    nf = self.rollout.submit(j, "rollout", shards[s_idx], step, False)
-                    futures[nf] = (s_idx, j)
-                    pending.add(nf)
-                    self.log(
-                        f"rollout actor {wids[i]} died; its {len(shards[s_idx])} requests re-dispatched to "
-                        f"actor {wids[j]}"
-                    )
-                    continue
-                if outstanding[i] > 0:
-                    continue
-                grants = [g for g in [coord.rollout_finished(wids[i])] if g is not None]
-                if self.spot is not None:
-                    grants += coord.buffer_ready(int(self.spot.call(0, "num_fresh")))
-                for g in grants:
-                    if pending:  # a bubble exists only while other actors still decode
-                        training[g.worker_id] = (self.spot.submit(0, "train", int(g.worker_id)), g)
-                    else:  # the phase is over: hand the worker straight back
-                        coord.request_resources([g.worker_id], "rollout phase over")
-                        coord.training_stopped(g.worker_id, g.grant_id)
-        for i in sorted(dead, reverse=True):  # later steps shard over the surviving actors
-            self.rollout.remove(i)
-            del self.worker_ids[i]
-        phase_end = time.time()
-        trained: dict[str, float] = {}
-        self.spot_grants = list(early)
-        for out in early:
-            trained[str(out["worker"])] = trained.get(str(out["worker"]), 0.0) + out["seconds"]
-        if training:
-            if coord.request_resources(list(training), "rollout phase over: policy update"):
-                self.spot.call(0, "preempt")
-            deadline = self.cfg.spot.preempt_deadline_s
-            for w, (f, g) in training.items():
-                try:
-                    out = f.result(timeout=deadline + 60)
-                except cf.TimeoutError:  # the in-flight step overran the deadline by far: give up on it
-                    coord.tick()
-                    continue
-                coord.training_stopped(w, g.grant_id, out.get("step"))
-                trained[w] = trained.get(w, 0.0) + out["seconds"]
-                self.spot_grants.append(out)
-        for res in results.values():
-            w = str(res.worker)
-            self.bubbles.record(step, w, res.finished_at, phase_end, trained.get(w, 0.0))
-        return [results[i] for i in sorted(results)]
-
-    def _tune(self) -> dict:
-        """Observations from every rollout actor, in one batch, into the central tuner; new table back."""
-        drained = self.rollout.call_all("drain_observations", [()] * len(self.rollout))
-        obs = [o for d in drained for o in d["observations"]]
-        choices: dict[str, int] = {}
-        for d in drained:
-            for arm, c in d["choices"].items():
-                choices[arm] = choices.get(arm, 0) + c
-        table = self.tuner.call(0, "merge", obs)
-        self.rollout.call_all("update_table", [(table,)] * len(self.rollout))
-        stats = self.tuner.call(0, "stats")
-        buckets = [b for b in stats["buckets"] if b["observations"]]
-        chosen = sum(b["chosen"] for b in buckets)
-        return {
-            "table_version": table["version"],
-            "observations": len(obs),
-            "choices": choices,
-            "best_by_bucket": {_bucket_name(b): b["best"] for b in buckets},
-            "exploration_fraction": sum(b["explored"] for b in buckets) / chosen if chosen else 0.0,
-            "arm_reward_median": {
-                _bucket_name(b): {a: v["median"] for a, v in b["arms"].items() if v["n"]} for b in buckets
-            },
-        }
 
     def step(self, step: int) -> dict:
         cfg = self.cfg
         t_step = time.perf_counter()
         prompts = self._next_prompts()
         by_pid = {f"gsm8k-train-{ex.index}": ex for ex in prompts}
-        self.phase = "rollout"
+        self._set_phase("rollout")
         reqs, results, rollout_s = self._rollout(step, prompts)
-        self.phase = "reward"
+        self._set_phase("reward")
 
         t0 = time.perf_counter()
         outputs = {o.request_id: o for res in results for o in res.outputs}
@@ -557,9 +338,9 @@ class RLDriver:
         reward_s = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        self.phase = "train"
+        self._set_phase("train")
         stats = self.trainer.call(0, "train_step", samples)
-        self.phase = "weight_sync"
+        self._set_phase("weight_sync")
         train_s = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -569,9 +350,9 @@ class RLDriver:
             import ray
 
             state = ray.put(state)
-        self.rollout.call_all("load_weights", [(state, version)] * len(self.rollout))
+        self.plane.rollout.call_all("load_weights", [(state, version)] * len(self.plane.rollout))
         sync_s = time.perf_counter() - t0
-        spot_row = self._after_update(state, version)
+        spot_row = self.plane.after_update(state, version)
         bubble = self.bubbles.metrics(step)
 
         lens = [len(o.token_ids) for grp in groups for _, o, _ in grp]
@@ -604,7 +385,7 @@ class RLDriver:
             "bubble_seconds": bubble["bubble_idle_s"],
             "bubble_trained_seconds": bubble["bubble_trained_s"],
             "bubble_utilization": bubble["bubble_utilization"],
-            "drafter_version": self.drafter_version,
+            "drafter_version": self.plane.drafter_version,
             **spot_row,
             "workers": [
                 {
@@ -656,6 +437,7 @@ class RLDriver:
                 ckpt = self.run_dir / "checkpoints" / "policy"
                 self.trainer.call(0, "save_checkpoint", str(ckpt))
                 _copy_tokenizer(self.model_path, ckpt)
+            self._timeline = self.plane.timeline()
         finally:
             self._stop_services()
         plot_response_lengths(
@@ -667,13 +449,14 @@ class RLDriver:
             self.run_dir / "plots" / "training_curves.png",
             "GRPO on GSM8K",
         )
-        if getattr(self, "coordinator", None) is not None:
+        if self._timeline is not None:
             from services.spot_trainer.bubbles import plot_worker_timeline
 
+            events, phases = self._timeline
             plot_worker_timeline(
-                self.coordinator.timeline(),
+                events,
                 self.run_dir / "plots" / "worker_timeline.png",
-                phases=getattr(self.coordinator, "phases", None),
+                phases=phases,
                 title="rollout / idle / training / preempting per worker",
             )
         from services.pipeline.outputs import plot_dashboard_preview
@@ -731,8 +514,10 @@ class RLDriver:
             "bubble_seconds_total": t["idle_seconds"],
             "bubble_trained_seconds_total": t["trained_seconds"],
             "bubble_utilization": t["bubble_utilization"],
-            "drafter_version": self.drafter_version,
-            "spot_training": bool(self.spot is not None),
+            "drafter_version": self.plane.drafter_version,
+            "spot_training": bool(self.plane.spot is not None),
+            "spot_replicas": len(self.plane.spot) if self.plane.spot is not None else 0,
+            "coordinator_restarts": self.plane.coordinator_restarts,
             "learned_acceptance_rate_by_step": learned,
         }
 
@@ -776,18 +561,6 @@ class RLDriver:
             "rollout_speedup_vs_plain_method": "mean over steps of a replayed sample of each step's prompts, "
             "speculation off vs on on the same worker (not the live rollout)",
         }
-
-
-def _actor_died(e: BaseException) -> bool:
-    try:
-        from ray.exceptions import RayActorError
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(e, RayActorError)
-
-
-def _bucket_name(b: dict) -> str:
-    return f"{b['lo']}-{b['hi'] - 1}" if b.get("hi") else f"{b['lo']}+"
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> None:

@@ -3,13 +3,21 @@
 It owns a copy of the policy (``Transformer``), the tokenizer and a decoding ``Engine``; it decodes the shard
 of requests the driver assigns it and returns finished responses with per-request timings and the worker's
 own start/finish times (the driver derives the long tail and the bubbles from them). New policy weights
-arrive versioned (``load_weights``) between rollout phases, never during one.
+arrive versioned (``load_weights``, through the Ray object store) between rollout phases, never during one.
+
+Control plane (gRPC, ``services/rollout_actor/grpc_service.py``): ``serve()`` hosts this actor's
+``RolloutService`` (strategy tables, drafter versions, status); ``connect_coordinator()`` registers with the
+coordinator and sends heartbeats from a background thread carrying the actor's own view of its state (what a
+restarted coordinator rebuilds from); ``connect_tuner()`` makes every finished rollout share report its
+decode-step observations to the tuner in one batch.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass
 
@@ -88,6 +96,8 @@ class ShardResult:
     finished_at: float  # wall clock when the worker's last request finished
     outputs: list[RequestOutput]
     steps: list[StepRecord]
+    choices: dict | None = None  # tuner arm -> decode steps it was chosen for (None without a tuner)
+    observations_reported: int = 0  # observations sent to the tuner at the end of this shard
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -148,20 +158,190 @@ class RolloutWorker:
             )
             policy = self.tuned
         self.engine = self._new_engine(self.drafters, policy or FixedPolicy(self.strategy))
+        # control plane: rollout() holds _busy; gRPC updates arriving meanwhile wait in _pending
+        self._busy = threading.Lock()
+        self._pending: dict[str, tuple] = {}
+        self._in_rollout = False
+        self._coord_state = "STARTING"
+        self.rl_step = 0
+        self.counters = dict(finished_requests=0, generated_tokens=0, drafted_tokens=0, accepted_tokens=0)
+        self.server = None
+        self._coordinator = None
+        self._tuner = None
+        self._hb_stop = threading.Event()
+        self._hb_thread: threading.Thread | None = None
 
-    # ------------------------------------------------------------------ tuner (in-process table copy)
-    def update_table(self, table: dict) -> int:
-        """Install the central tuner's newer strategy table (between rollout phases)."""
-        if self.tuned is not None:
-            self.tuned.update_table(table)
-        return int(table.get("version", 0))
+    # ------------------------------------------------------------------ control plane (gRPC)
+    def serve(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> str:
+        """Serve ``tailspec.v1.RolloutService`` (plus health) from this process; returns ``host:port``."""
+        from services.common.grpc_server import GrpcServer, expose
+        from services.common.proto_gen.tailspec.v1 import rollout_pb2_grpc
+        from services.rollout_actor.grpc_service import RolloutGrpc
 
-    def drain_observations(self) -> dict:
-        """This actor's per-step observations since the last drain (sent to the tuner in one batch)."""
+        adapter = RolloutGrpc(self)
+        self.server = GrpcServer(
+            [expose(rollout_pb2_grpc.RolloutServiceServicer, adapter)],
+            host=host,
+            port=port,
+            token=token,
+            name=f"rollout-{self.worker_id}",
+        )
+        self.server.start()
+        adapter.address = self.server.address
+        return self.server.address
+
+    @property
+    def state(self) -> str:
+        """This actor's own view: ROLLOUT while decoding a shard, else the coordinator's last answer."""
+        return "ROLLOUT" if self._in_rollout else self._coord_state
+
+    def _versions(self) -> dict:
+        table = self.tuned.table.version if self.tuned is not None else 0
+        return dict(
+            policy_version=self.policy_version,
+            drafter_version=self.drafter_version,
+            strategy_table_version=table,
+        )
+
+    def connect_coordinator(
+        self, address: str, token: str | None = None, heartbeat_interval_s: float | None = None
+    ) -> str:
+        """Register with the coordinator at ``address`` and heartbeat it from a background thread.
+
+        A first registration is followed by ``ReportState(IDLE)`` (model loaded, ready). Called again with a
+        restarted coordinator's address, the actor re-registers in its own view of its state (ROLLOUT while
+        decoding, else the last state the coordinator told it), which the new coordinator adopts. Returns
+        the state the coordinator holds for this actor."""
+        from services.coordinator.service import CoordinatorClient
+
+        old, self._coordinator = self._coordinator, CoordinatorClient(address, token)
+        if old is not None:
+            old.close()
+        wid = str(self.worker_id)
+        fresh = self._coord_state == "STARTING" and not self._in_rollout
+        reg = self._coordinator.register(
+            wid,
+            cpus=torch.get_num_threads(),
+            state=None if fresh else self.state,
+            rl_step=self.rl_step,
+            versions=self._versions(),
+            address=self.server.address if self.server is not None else "",
+        )
+        state = reg["state"]
+        if state == "STARTING":
+            state = self._coordinator.report_state(wid, "IDLE", "ready: model loaded")["state"]
+        if not self._in_rollout:
+            self._coord_state = str(state)
+        if self._hb_thread is None:
+            interval = heartbeat_interval_s or reg["heartbeat_interval_s"] or 1.0
+            self._hb_thread = threading.Thread(target=self._heartbeats, args=(interval,), daemon=True)
+            self._hb_thread.start()
+        return str(state)
+
+    def _heartbeats(self, interval: float) -> None:
+        log = logging.getLogger(__name__)
+        failing = False
+        while not self._hb_stop.wait(interval):
+            client = self._coordinator
+            try:
+                hb = client.heartbeat(str(self.worker_id), self.state, self._versions())
+                failing = False
+            except Exception as e:  # coordinator down or restarting: keep trying, log once
+                if not failing:
+                    log.warning("worker %s: heartbeat to %s failed: %s", self.worker_id, client.address, e)
+                failing = True
+                continue
+            if hb["known"] and not self._in_rollout and hb["state"] is not None:
+                self._coord_state = str(hb["state"])
+
+    def connect_tuner(self, address: str, token: str | None = None) -> bool:
+        """Report this actor's decode-step observations to the tuner at the end of every rollout share."""
+        from services.tuner.grpc_service import TunerClient
+
+        self._tuner = TunerClient(address, token)
+        return self.tuned is not None
+
+    def apply_table(self, table: dict) -> tuple[bool, bool, int]:
+        """Install the tuner's newer strategy table now, or at the next rollout when one is running.
+        Returns (accepted, deferred, active table version)."""
         if self.tuned is None:
-            return {"observations": [], "choices": {}}
+            return False, False, 0
+        if int(table.get("version", 0)) <= self.tuned.table.version:
+            return False, False, self.tuned.table.version
+        if not self._busy.acquire(blocking=False):
+            self._pending["table"] = (table,)
+            return True, True, self.tuned.table.version
+        try:
+            self.tuned.update_table(table)
+        finally:
+            self._busy.release()
+        return True, False, self.tuned.table.version
+
+    def apply_drafter(self, version: int, path: str) -> tuple[bool, bool, int]:
+        """Load the learned drafter version published at ``path`` now, or at the next rollout when one is
+        running. Returns (accepted, deferred, active drafter version)."""
+        if version <= self.drafter_version:
+            return False, False, self.drafter_version
+        if not self._busy.acquire(blocking=False):
+            self._pending["drafter"] = (version, path)
+            return True, True, self.drafter_version
+        try:
+            self._load_published(version, path)
+        finally:
+            self._busy.release()
+        return True, False, self.drafter_version
+
+    def _load_published(self, version: int, path: str) -> None:
+        from services.spot_trainer.trainer import load_published
+
+        self.load_drafter(load_published(path), version)
+
+    def _apply_pending(self) -> None:
+        """At a phase boundary (start of a rollout): what gRPC delivered while the last one ran."""
+        pending, self._pending = self._pending, {}
+        if "table" in pending and self.tuned is not None:
+            self.tuned.update_table(pending["table"][0])
+        if "drafter" in pending:
+            self._load_published(*pending["drafter"])
+
+    def status(self) -> dict:
+        return dict(
+            worker_id=self.worker_id,
+            state=self.state,
+            rl_step=self.rl_step,
+            max_batch_size=self.max_batch_size,
+            policy_version=self.policy_version,
+            drafter_version=self.drafter_version,
+            table_version=self._versions()["strategy_table_version"],
+            **self.counters,
+        )
+
+    def _report_observations(self) -> tuple[dict | None, int]:
+        """This shard's tuner choices; its observations go to the tuner (when connected) in one batch."""
+        if self.tuned is None:
+            return None, 0
         choices, self.tuned.choices = self.tuned.choices, {}
-        return {"observations": self.tuned.drain_observations(), "choices": choices}
+        if self._tuner is None:
+            return choices, 0
+        obs = self.tuned.drain_observations()
+        if not obs:
+            return choices, 0
+        try:
+            self._tuner.report(str(self.worker_id), obs, self.tuned.table.version)
+        except Exception as e:  # the tuner is advisory: a lost batch costs tuning data, never the rollout
+            logging.getLogger(__name__).warning(
+                "worker %s: %d observations not reported to the tuner: %s", self.worker_id, len(obs), e
+            )
+            return choices, 0
+        return choices, len(obs)
+
+    def close(self) -> None:
+        self._hb_stop.set()
+        for c in (self._coordinator, self._tuner):
+            if c is not None:
+                c.close()
+        if self.server is not None:
+            self.server.stop()
 
     def _replay_policy(self) -> StrategyPolicy:
         if self.tuned is None:
@@ -181,8 +361,9 @@ class RolloutWorker:
         )
 
     # ------------------------------------------------------------------ hidden states -> spot trainer
-    def connect_spot_trainer(self, address: str) -> bool:
-        """Stream committed tokens' hidden states (one frame per finished request) to the spot trainer."""
+    def connect_spot_trainer(self, address: str | list[str]) -> bool:
+        """Stream committed tokens' hidden states (one frame per finished request) to the spot trainer (one
+        ZeroMQ endpoint, or several replicas' endpoints: frames are spread round-robin over them)."""
         if "learned" not in self.drafters:
             return False
         from services.spot_trainer.stream import HiddenStateSender
@@ -284,15 +465,28 @@ class RolloutWorker:
             if keep_drafter_snapshot
             else None
         )
-        reqs = self._requests(requests)
-        self.engine.step_log = []
-        started = time.time()
-        outs = self.engine.generate(reqs, on_finish=self._flush_hidden) if reqs else []
-        finished = time.time()
-        if self.tuned is not None:
-            self.tuned.record_lengths([(o.problem_id, len(o.token_ids)) for o in outs])
+        with self._busy:
+            self._apply_pending()
+            self._in_rollout, self.rl_step = True, step
+            try:
+                reqs = self._requests(requests)
+                self.engine.step_log = []
+                started = time.time()
+                outs = self.engine.generate(reqs, on_finish=self._flush_hidden) if reqs else []
+                finished = time.time()
+            finally:
+                self._in_rollout = False
+            if self.tuned is not None:
+                self.tuned.record_lengths([(o.problem_id, len(o.token_ids)) for o in outs])
+            steps = list(self.engine.step_log)
+            c = self.counters
+            c["finished_requests"] += len(outs)
+            c["generated_tokens"] += sum(len(o.token_ids) for o in outs)
+            c["drafted_tokens"] += sum(s.drafted for s in steps)
+            c["accepted_tokens"] += sum(s.accepted for s in steps)
+            choices, reported = self._report_observations()
         return ShardResult(
-            self.worker_id, self.policy_version, started, finished, outs, list(self.engine.step_log)
+            self.worker_id, self.policy_version, started, finished, outs, steps, choices, reported
         )
 
     def measure_speedup(self, requests: list[RolloutRequest], repeats: int = 1) -> dict:
@@ -304,6 +498,10 @@ class RolloutWorker:
         """
         if self.strategy.is_off and self.tuned is None:
             return {}
+        with self._busy:
+            return self._measure_speedup(requests, repeats)
+
+    def _measure_speedup(self, requests: list[RolloutRequest], repeats: int) -> dict:
         out = {"plain_seconds": 0.0, "spec_seconds": 0.0, "plain_tokens": 0, "spec_tokens": 0, "requests": 0}
         for rep in range(repeats):
             reqs = self._requests(requests, seed_offset=1_000_000 * (rep + 1))

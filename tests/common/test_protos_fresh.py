@@ -109,6 +109,7 @@ def test_contract_enums_and_services():
         "ReportState",
         "GetStatus",
         "RequestResources",
+        "ReportRun",
     }
     assert {"GetStatus", "LoadPolicy", "SetStrategyTable"} <= methods(rollout_pb2, "RolloutService")
     assert methods(spot_trainer_pb2, "SpotTrainerService") == {"Grant", "Preempt", "GetStatus"}

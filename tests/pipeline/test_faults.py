@@ -1,5 +1,7 @@
-"""Kill a rollout actor in the middle of a rollout: its unfinished requests are re-dispatched, the step ends with
-exactly G responses for every prompt (none lost, none doubled), and later steps run on the survivors."""
+"""Faults in a running job: kill a rollout actor in the middle of a rollout (its unfinished requests are
+re-dispatched, the step ends with exactly G responses for every prompt, none lost, none doubled; later steps run
+on the survivors); kill the coordinator actor in the middle of a rollout (a fresh one is rebuilt from the
+workers' own reports and the step completes)."""
 
 import threading
 import time
@@ -8,10 +10,11 @@ from collections import Counter
 from services.common.config import load_config
 from services.pipeline.driver import RLDriver
 
+B, G = 8, 8
 
-def test_kill_rollout_actor_mid_rollout(tmp_path, tiny_policy_dir, ray_cluster):
-    B, G = 8, 8
-    cfg = load_config(
+
+def _config(tiny_policy_dir, *extra):
+    return load_config(
         None,
         [
             f"model.path={tiny_policy_dir}",
@@ -25,9 +28,13 @@ def test_kill_rollout_actor_mid_rollout(tmp_path, tiny_policy_dir, ray_cluster):
             "spot.enabled=false",
             "tuner.enabled=false",
             "rollout.speculative.speedup_sample_prompts=0",
+            *extra,
         ],
     )
-    driver = RLDriver(cfg, run_dir=tmp_path / "run")
+
+
+def test_kill_rollout_actor_mid_rollout(tmp_path, tiny_policy_dir, ray_cluster):
+    driver = RLDriver(_config(tiny_policy_dir), run_dir=tmp_path / "run")
     driver._start_services()
     seen: list[Counter] = []
     original = driver.step
@@ -38,18 +45,43 @@ def test_kill_rollout_actor_mid_rollout(tmp_path, tiny_policy_dir, ray_cluster):
         return row
 
     try:
-        victim = driver.rollout.members[1]
+        victim = driver.plane.rollout.members[1]
         killer = threading.Timer(0.8, lambda: ray_cluster.kill(victim))
         killer.start()
         t0 = time.monotonic()
         row = step_and_count(1)
         assert time.monotonic() - t0 > 0.8, "the rollout ended before the kill: the test proved nothing"
-        assert driver.coordinator.state("1") == "FAILED"
-        assert driver.worker_ids == [0] and len(driver.rollout) == 1
+        assert driver.plane.coordinator.states()["1"] == "FAILED"
+        assert driver.plane.worker_ids == [0] and len(driver.plane.rollout) == 1
         assert sum(w["requests"] for w in row["workers"]) == B * G
         assert row["tokens_generated"] == sum(w["tokens"] for w in row["workers"])
         row2 = step_and_count(2)  # the next step runs on the survivor alone
         assert [w["worker"] for w in row2["workers"]] == [0] and row2["workers"][0]["requests"] == B * G
+    finally:
+        driver._stop_services()
+
+
+def test_kill_coordinator_mid_rollout(tmp_path, tiny_policy_dir, ray_cluster):
+    """The coordinator actor dies while both rollout actors decode: the driver's next call finds it gone,
+    starts a fresh one, every rollout actor re-registers in its own state (ROLLOUT while still decoding, IDLE
+    once done), and the step ends normally with every response."""
+    driver = RLDriver(_config(tiny_policy_dir, "tuner.enabled=true"), run_dir=tmp_path / "run")
+    driver._start_services()
+    try:
+        first = driver.plane.coordinator_address
+        victim = driver.plane.coordinator_pool.members[0]
+        killer = threading.Timer(0.8, lambda: ray_cluster.kill(victim))
+        killer.start()
+        t0 = time.monotonic()
+        row = driver.step(1)
+        assert time.monotonic() - t0 > 0.8, "the rollout ended before the kill: the test proved nothing"
+        assert driver.plane.coordinator_restarts == 1 and driver.plane.coordinator_address != first
+        assert sum(w["requests"] for w in row["workers"]) == B * G
+        assert driver.plane.coordinator.states() == {"0": "IDLE", "1": "IDLE"}
+        assert "tuner" in row  # the rest of the step (tables over gRPC) ran on
+        row2 = driver.step(2)
+        assert sum(w["requests"] for w in row2["workers"]) == B * G
+        assert driver.plane.coordinator_restarts == 1
     finally:
         driver._stop_services()
 

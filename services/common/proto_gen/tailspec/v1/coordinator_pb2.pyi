@@ -21,20 +21,24 @@ RESOURCE_PURPOSE_ROLLOUT: ResourcePurpose
 RESOURCE_PURPOSE_DRAFTER_TRAINING: ResourcePurpose
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("worker_id", "role", "address", "node_id", "resources", "versions")
+    __slots__ = ("worker_id", "role", "address", "node_id", "resources", "versions", "state", "rl_step")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RL_STEP_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: _common_pb2.WorkerRole
     address: str
     node_id: str
     resources: _common_pb2.Resources
     versions: _common_pb2.Versions
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.WorkerRole, str]] = ..., address: _Optional[str] = ..., node_id: _Optional[str] = ..., resources: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., versions: _Optional[_Union[_common_pb2.Versions, _Mapping]] = ...) -> None: ...
+    state: _common_pb2.WorkerState
+    rl_step: int
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.WorkerRole, str]] = ..., address: _Optional[str] = ..., node_id: _Optional[str] = ..., resources: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., versions: _Optional[_Union[_common_pb2.Versions, _Mapping]] = ..., state: _Optional[_Union[_common_pb2.WorkerState, str]] = ..., rl_step: _Optional[int] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("worker_id", "state", "heartbeat_interval_seconds", "heartbeat_timeout_seconds", "rl_step", "versions")
@@ -83,33 +87,39 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, known: _Optional[bool] = ..., state: _Optional[_Union[_common_pb2.WorkerState, str]] = ..., preemption: _Optional[_Union[_common_pb2.Preemption, _Mapping]] = ..., target_versions: _Optional[_Union[_common_pb2.Versions, _Mapping]] = ..., rl_step: _Optional[int] = ...) -> None: ...
 
 class ReportStateRequest(_message.Message):
-    __slots__ = ("worker_id", "state", "reason", "rl_step", "versions", "pending_requests")
+    __slots__ = ("worker_id", "state", "reason", "rl_step", "versions", "pending_requests", "grant_id", "train_step")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     RL_STEP_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     PENDING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    GRANT_ID_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_STEP_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     state: _common_pb2.WorkerState
     reason: str
     rl_step: int
     versions: _common_pb2.Versions
     pending_requests: int
-    def __init__(self, worker_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.WorkerState, str]] = ..., reason: _Optional[str] = ..., rl_step: _Optional[int] = ..., versions: _Optional[_Union[_common_pb2.Versions, _Mapping]] = ..., pending_requests: _Optional[int] = ...) -> None: ...
+    grant_id: str
+    train_step: int
+    def __init__(self, worker_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.WorkerState, str]] = ..., reason: _Optional[str] = ..., rl_step: _Optional[int] = ..., versions: _Optional[_Union[_common_pb2.Versions, _Mapping]] = ..., pending_requests: _Optional[int] = ..., grant_id: _Optional[str] = ..., train_step: _Optional[int] = ...) -> None: ...
 
 class ReportStateResponse(_message.Message):
-    __slots__ = ("accepted", "state", "message")
+    __slots__ = ("accepted", "state", "message", "grant")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    GRANT_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     state: _common_pb2.WorkerState
     message: str
-    def __init__(self, accepted: _Optional[bool] = ..., state: _Optional[_Union[_common_pb2.WorkerState, str]] = ..., message: _Optional[str] = ...) -> None: ...
+    grant: _common_pb2.Grant
+    def __init__(self, accepted: _Optional[bool] = ..., state: _Optional[_Union[_common_pb2.WorkerState, str]] = ..., message: _Optional[str] = ..., grant: _Optional[_Union[_common_pb2.Grant, _Mapping]] = ...) -> None: ...
 
 class RequestResourcesRequest(_message.Message):
-    __slots__ = ("requester_id", "purpose", "num_workers", "per_worker", "worker_ids", "deadline", "rl_step")
+    __slots__ = ("requester_id", "purpose", "num_workers", "per_worker", "worker_ids", "deadline", "rl_step", "fresh_samples", "reason")
     REQUESTER_ID_FIELD_NUMBER: _ClassVar[int]
     PURPOSE_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +127,8 @@ class RequestResourcesRequest(_message.Message):
     WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
     RL_STEP_FIELD_NUMBER: _ClassVar[int]
+    FRESH_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     requester_id: str
     purpose: ResourcePurpose
     num_workers: int
@@ -124,7 +136,9 @@ class RequestResourcesRequest(_message.Message):
     worker_ids: _containers.RepeatedScalarFieldContainer[str]
     deadline: _timestamp_pb2.Timestamp
     rl_step: int
-    def __init__(self, requester_id: _Optional[str] = ..., purpose: _Optional[_Union[ResourcePurpose, str]] = ..., num_workers: _Optional[int] = ..., per_worker: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., worker_ids: _Optional[_Iterable[str]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., rl_step: _Optional[int] = ...) -> None: ...
+    fresh_samples: int
+    reason: str
+    def __init__(self, requester_id: _Optional[str] = ..., purpose: _Optional[_Union[ResourcePurpose, str]] = ..., num_workers: _Optional[int] = ..., per_worker: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., worker_ids: _Optional[_Iterable[str]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., rl_step: _Optional[int] = ..., fresh_samples: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class RequestResourcesResponse(_message.Message):
     __slots__ = ("grants", "preemptions", "ready_worker_ids", "unavailable", "message")
@@ -193,3 +207,21 @@ class CoordinatorStatus(_message.Message):
     recent_transitions: _containers.RepeatedCompositeFieldContainer[_common_pb2.StateTransition]
     now: _timestamp_pb2.Timestamp
     def __init__(self, info: _Optional[_Union[_common_pb2.ServiceInfo, _Mapping]] = ..., rl_step: _Optional[int] = ..., phase: _Optional[_Union[_common_pb2.StepPhase, str]] = ..., versions: _Optional[_Union[_common_pb2.Versions, _Mapping]] = ..., workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., active_grants: _Optional[_Iterable[_Union[_common_pb2.Grant, _Mapping]]] = ..., bubble_seconds_total: _Optional[float] = ..., bubble_trained_seconds_total: _Optional[float] = ..., recent_transitions: _Optional[_Iterable[_Union[_common_pb2.StateTransition, _Mapping]]] = ..., now: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ReportRunRequest(_message.Message):
+    __slots__ = ("rl_step", "phase", "versions", "bubble_seconds_total", "bubble_trained_seconds_total")
+    RL_STEP_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    BUBBLE_SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BUBBLE_TRAINED_SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    rl_step: int
+    phase: _common_pb2.StepPhase
+    versions: _common_pb2.Versions
+    bubble_seconds_total: float
+    bubble_trained_seconds_total: float
+    def __init__(self, rl_step: _Optional[int] = ..., phase: _Optional[_Union[_common_pb2.StepPhase, str]] = ..., versions: _Optional[_Union[_common_pb2.Versions, _Mapping]] = ..., bubble_seconds_total: _Optional[float] = ..., bubble_trained_seconds_total: _Optional[float] = ...) -> None: ...
+
+class ReportRunResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

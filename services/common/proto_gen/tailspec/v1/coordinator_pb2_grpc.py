@@ -60,6 +60,11 @@ class CoordinatorServiceStub:
                 request_serializer=tailspec_dot_v1_dot_coordinator__pb2.RequestResourcesRequest.SerializeToString,
                 response_deserializer=tailspec_dot_v1_dot_coordinator__pb2.RequestResourcesResponse.FromString,
                 _registered_method=True)
+        self.ReportRun = channel.unary_unary(
+                '/tailspec.v1.CoordinatorService/ReportRun',
+                request_serializer=tailspec_dot_v1_dot_coordinator__pb2.ReportRunRequest.SerializeToString,
+                response_deserializer=tailspec_dot_v1_dot_coordinator__pb2.ReportRunResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServiceServicer:
@@ -102,6 +107,13 @@ class CoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportRun(self, request, context):
+        """The pipeline driver's view of the run (step, phase, versions, bubble totals) for GetStatus.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -129,6 +141,11 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.RequestResources,
                     request_deserializer=tailspec_dot_v1_dot_coordinator__pb2.RequestResourcesRequest.FromString,
                     response_serializer=tailspec_dot_v1_dot_coordinator__pb2.RequestResourcesResponse.SerializeToString,
+            ),
+            'ReportRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportRun,
+                    request_deserializer=tailspec_dot_v1_dot_coordinator__pb2.ReportRunRequest.FromString,
+                    response_serializer=tailspec_dot_v1_dot_coordinator__pb2.ReportRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -266,6 +283,33 @@ class CoordinatorService:
             '/tailspec.v1.CoordinatorService/RequestResources',
             tailspec_dot_v1_dot_coordinator__pb2.RequestResourcesRequest.SerializeToString,
             tailspec_dot_v1_dot_coordinator__pb2.RequestResourcesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tailspec.v1.CoordinatorService/ReportRun',
+            tailspec_dot_v1_dot_coordinator__pb2.ReportRunRequest.SerializeToString,
+            tailspec_dot_v1_dot_coordinator__pb2.ReportRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,442 @@
+"""The control plane of one RL job: the service actors and the gRPC calls between them.
+
+Actors (Ray actors, or plain objects in-process with ``ray.use_ray=false``):
+
+- the **coordinator** (``CoordinatorActor``): every worker's state machine, served over gRPC;
+- the **rollout actors** (``RolloutWorker``): each serves ``RolloutService``, registers with the
+  coordinator and heartbeats it, and reports its decode-step observations to the tuner;
+- the **tuner** (``TunerService``): merges observations, serves strategy tables;
+- the **spot trainer** replicas (``SpotTrainerService``, one per rollout actor by default): each trains the
+  learned drafter on the bubble of the rollout actor it is placed with; rollout actors stream hidden states
+  to all replicas over ZeroMQ (round-robin), replicas are averaged (local SGD) before each publish.
+
+Control calls go over gRPC (state reports, grants, preemptions, strategy tables, drafter versions, status);
+bulk tensors (policy weights, drafter heads for averaging, rollout results) stay on the Ray object store.
+
+A rollout phase (``rollout_phase``): every actor decodes its shard; one that finishes early reports IDLE and,
+when the spot trainer's buffer holds enough fresh data, the coordinator lends its bubble (a grant) to that
+actor's spot-trainer replica until the phase ends (PREEMPT with deadline ``spot.preempt_deadline_s``). A
+rollout actor that dies has its whole shard re-dispatched to a live actor (taken back from training if need
+be), so every prompt ends with exactly G responses. A coordinator that stops answering is restarted and
+rebuilt from the workers' own reports (they re-register in the state they believe they are in).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from services.common.config import Config
+from services.common.ray_utils import ActorPool
+from services.rollout_actor.worker import RolloutRequest, RolloutWorker, ShardResult
+
+log = logging.getLogger(__name__)
+
+
+def actor_died(e: BaseException) -> bool:
+    try:
+        from ray.exceptions import RayActorError
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(e, RayActorError)
+
+
+def _unavailable(e: BaseException) -> bool:
+    return isinstance(e, grpc.RpcError) and e.code() in (
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    )
+
+
+class ControlPlane:
+    """Starts, wires and stops the job's service actors; runs rollout phases and the phase-boundary calls.
+
+    Args:
+        cfg: the run config.
+        model_path: HF folder of the initial policy.
+        run_dir: checkpoints (tuner state, spot-trainer checkpoints and published drafters) go under it.
+        learned: the learned-drafter config for the rollout actors (None without one).
+        available_drafters: drafters the rollout actors have (tuner arms are filtered by it).
+        run_info: the driver's view for the coordinator's ``GetStatus``.
+        log_fn: progress lines.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        model_path: Path,
+        run_dir: Path,
+        learned: dict | None,
+        available_drafters: list[str],
+        run_info: Callable[[], dict],
+        log_fn=print,
+    ):
+        self.cfg = cfg
+        self.model_path = model_path
+        self.run_dir = run_dir
+        self.learned = learned
+        self.available_drafters = available_drafters
+        self.run_info = run_info
+        self.log = log_fn
+        self.use_ray = cfg.ray.use_ray
+        self.host, self.token = cfg.grpc.host, cfg.grpc.token
+        self.coordinator_pool: ActorPool | None = None
+        self.coordinator = None  # CoordinatorClient
+        self.coordinator_address: str | None = None
+        self.coordinator_restarts = 0
+        self.tuner: ActorPool | None = None
+        self.tuner_client = None
+        self.rollout: ActorPool | None = None
+        self.rollout_clients: list = []
+        self.worker_ids: list[int] = []
+        self.spot: ActorPool | None = None
+        self.spot_clients: list = []
+        self.spot_grants: list[dict] = []  # grants of the last rollout phase (their PreemptResponse dicts)
+        self.drafter_version = 0
+
+    # ------------------------------------------------------------------ start / stop
+    def start(self) -> None:
+        cfg = self.cfg
+        self._start_coordinator()
+        if cfg.tuner.enabled:
+            from services.tuner.grpc_service import TunerClient
+            from services.tuner.service import TunerService
+
+            ckpt = str(self.run_dir / "checkpoints" / "tuner_state.json")
+            self.tuner = ActorPool.create(
+                TunerService,
+                [(cfg.tuner.arms, dict(cfg.tuner.bandit), self.available_drafters, ckpt)],
+                self.use_ray,
+                num_cpus=0,
+            )
+            self.tuner_client = TunerClient(self.tuner.call(0, "serve", self.host, 0, self.token), self.token)
+        n = cfg.rollout.num_actors
+        sampling = dict(
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            top_k=cfg.rollout.top_k,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+        )
+        table = self.tuner_client.table() if self.tuner_client is not None else None
+        self.worker_ids = list(range(n))
+        self.rollout = ActorPool.create(
+            RolloutWorker,
+            [(i, str(self.model_path), sampling) for i in range(n)],
+            self.use_ray,
+            num_cpus=cfg.rollout.threads_per_actor,
+            kwargs_list=[
+                dict(
+                    max_batch_size=cfg.rollout.max_batch_size,
+                    threads=cfg.rollout.threads_per_actor,
+                    speculative=asdict(cfg.rollout.speculative),
+                    tuner_table=table,
+                    tuner_budgets=dict(cfg.tuner.budgets),
+                    learned=self.learned,
+                )
+                for _ in range(n)
+            ],
+        )
+        from services.rollout_actor.grpc_service import RolloutClient
+
+        addresses = self.rollout.call_all("serve", [(self.host, 0, self.token)] * n)
+        self.rollout_clients = [RolloutClient(a, self.token) for a in addresses]
+        self.rollout.call_all(
+            "connect_coordinator",
+            [(self.coordinator_address, self.token, cfg.coordinator.heartbeat_interval_s)] * n,
+        )
+        if self.tuner is not None:
+            self.rollout.call_all("connect_tuner", [(self.tuner_client.address, self.token)] * n)
+        self._start_spot_trainer(n)
+
+    def _start_coordinator(self) -> None:
+        from services.coordinator.service import CoordinatorActor, CoordinatorClient
+
+        c, s = self.cfg.coordinator, self.cfg.spot
+        self.coordinator_pool = ActorPool.create(
+            CoordinatorActor,
+            [(c.heartbeat_timeout_s, s.preempt_deadline_s, s.min_fresh_samples, c.heartbeat_interval_s)],
+            self.use_ray,
+            num_cpus=0,
+        )
+        self.coordinator_address = self.coordinator_pool.call(0, "serve", self.host, c.port, self.token)
+        self.coordinator = CoordinatorClient(self.coordinator_address, self.token)
+
+    def restart_coordinator(self, why: str = "") -> None:
+        """A fresh coordinator actor, rebuilt from the workers' own reports: every live rollout actor
+        re-registers in the state it believes it is in (ROLLOUT while decoding, else what the old
+        coordinator last told it)."""
+        old = self.coordinator_pool
+        if old is not None:
+            try:
+                old.shutdown()
+            except Exception:  # already dead
+                pass
+            self.coordinator.close()
+        self.coordinator_restarts += 1
+        self._start_coordinator()
+        states = self.rollout.call_all(
+            "connect_coordinator",
+            [(self.coordinator_address, self.token, self.cfg.coordinator.heartbeat_interval_s)]
+            * len(self.rollout),
+        )
+        self.log(
+            f"coordinator restarted ({why}) at {self.coordinator_address}; rebuilt from worker reports: "
+            + ", ".join(f"{w}={s}" for w, s in zip(self.worker_ids, states))
+        )
+        self.report_run()
+
+    def coord(self, method: str, *args, **kwargs) -> Any:
+        """A coordinator call; a coordinator that is gone is restarted (once per call) and the call retried."""
+        try:
+            return getattr(self.coordinator, method)(*args, **kwargs)
+        except grpc.RpcError as e:
+            if not _unavailable(e):
+                raise
+            self.restart_coordinator(f"{method}: {e.code().name}")
+            return getattr(self.coordinator, method)(*args, **kwargs)
+
+    def report_run(self) -> None:
+        try:
+            self.coord("report_run", self.run_info())
+        except grpc.RpcError as e:  # status is best effort; the run goes on
+            log.warning("report_run failed: %s", e)
+
+    def _start_spot_trainer(self, n: int) -> None:
+        cfg = self.cfg
+        if not (cfg.spot.enabled and self.learned is not None):
+            return
+        from services.spot_trainer.grpc_service import SpotTrainerClient
+        from services.spot_trainer.service import SpotTrainerService
+
+        s = cfg.spot
+        replicas = s.replicas if s.replicas is not None else n
+        kwargs = dict(
+            eagle3=cfg.rollout.speculative.eagle3,
+            seed=cfg.run.seed,
+            capacity_tokens=s.capacity_tokens,
+            keep_versions=s.keep_versions,
+            batch_size=s.batch_size,
+            seq_len=s.seq_len,
+            lr=s.lr,
+            checkpoint_every=s.checkpoint_every,
+            min_samples=s.min_fresh_samples,
+        )
+        ckpt = str(self.run_dir / "checkpoints" / "spot_trainer")
+        self.spot = ActorPool.create(
+            SpotTrainerService,
+            [(str(self.model_path), ckpt) for _ in range(replicas)],
+            self.use_ray,
+            num_cpus=0,
+            kwargs_list=[dict(kwargs, replica=i) for i in range(replicas)],
+            max_concurrency=4,
+        )
+        addresses = self.spot.call_all("serve", [(self.host, 0, self.token)] * replicas)
+        self.spot_clients = [SpotTrainerClient(a, self.token) for a in addresses]
+        streams = self.spot.call_all("address", [()] * replicas)
+        self.rollout.call_all("connect_spot_trainer", [(streams,)] * n)
+
+    def stop(self) -> None:
+        keep = self.cfg.coordinator.keep_serving
+        if self.spot is not None:
+            self.spot.call_all("close", [()] * len(self.spot))
+        if self.rollout is not None:
+            self.rollout.call_all("close", [()] * len(self.rollout))
+        if self.tuner is not None:
+            self.tuner.call(0, "close")
+        if self.coordinator_pool is not None:
+            self.coordinator_pool.call(0, "close", keep)
+        for client in [self.coordinator, self.tuner_client, *self.rollout_clients, *self.spot_clients]:
+            if client is not None:
+                client.close()
+        for pool in (self.rollout, self.tuner, self.spot):
+            if pool is not None:
+                pool.shutdown()
+        if self.coordinator_pool is not None and not keep:
+            self.coordinator_pool.shutdown()
+
+    # ------------------------------------------------------------------ spot trainer
+    def _replica(self, worker_id: str) -> int:
+        """The spot-trainer replica placed with this rollout actor."""
+        return int(worker_id) % len(self.spot_clients)
+
+    def _num_fresh(self) -> int:
+        """Fresh samples per replica (the least-fed one: every granted replica must have data)."""
+        return min(self.spot.call_all("num_fresh", [()] * len(self.spot)))
+
+    def _grant(self, g: dict) -> bool:
+        """Hand a coordinator grant to the worker's replica; False (and the worker released) if refused."""
+        out = self.spot_clients[self._replica(g["worker_id"])].grant(g)
+        if not out["accepted"]:
+            self.coord(
+                "report_state", g["worker_id"], "IDLE", f"grant refused: {out['message']}", 0, g["grant_id"]
+            )
+        return bool(out["accepted"])
+
+    def _take_back(self, training: dict[str, dict], worker_ids: list[str], reason: str) -> list[dict]:
+        """Preempt the training on ``worker_ids`` (coordinator first, then the replicas, in parallel) and
+        report them IDLE; returns the replicas' PreemptResponse dicts."""
+        if not worker_ids:
+            return []
+        req = self.coord("request_rollout", worker_ids, reason)
+        release_by = {p["worker_id"]: p["release_by"] for p in req["preemptions"]}
+        deadline = self.cfg.spot.preempt_deadline_s
+
+        def preempt(w: str) -> dict:
+            g = training[w]
+            return self.spot_clients[self._replica(w)].preempt(
+                g["grant_id"], release_by.get(w), deadline + 60
+            )
+
+        with cf.ThreadPoolExecutor(max_workers=len(worker_ids)) as ex:
+            outs = list(ex.map(preempt, worker_ids))
+        for w, out in zip(worker_ids, outs):
+            g = training.pop(w)
+            gid = g["grant_id"] if g.get("epoch") == self.coordinator_restarts else None
+            self.coord("report_state", w, "IDLE", "training stopped", 0, gid, int(out.get("step") or 0))
+        return outs
+
+    # ------------------------------------------------------------------ one rollout phase
+    def rollout_phase(
+        self, step: int, shards: list[list[RolloutRequest]], keep_snapshot: bool
+    ) -> tuple[list[ShardResult], dict[str, float], float]:
+        """Decode every shard; lend bubbles to the spot trainer; take them back at the end.
+
+        Returns (results in shard order, trained seconds per worker id, phase end wall time)."""
+        wids = [str(w) for w in self.worker_ids]
+        for w in wids:
+            self.coord("report_state", w, "ROLLOUT", "rollout started", step)
+        outstanding = {i: 1 for i in range(len(shards))}  # pool index -> shards in flight
+        futures = {
+            self.rollout.submit(i, "rollout", shard, step, keep_snapshot): (i, i)
+            for i, shard in enumerate(shards)
+        }
+        results: dict[int, ShardResult] = {}
+        training: dict[str, dict] = {}  # worker id -> grant (plus the coordinator epoch it came from)
+        dead: set[int] = set()
+        self.spot_grants = []
+        pending = set(futures)
+        while pending:
+            done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+            for f in done:
+                s_idx, i = futures[f]
+                outstanding[i] -= 1
+                try:
+                    results[s_idx] = f.result()
+                except Exception as e:
+                    if not actor_died(e) or i in dead:  # a bug in the rollout itself is not retried
+                        raise
+                    # re-dispatch the whole shard (a shard returns all or nothing: none lost, none doubled)
+                    dead.add(i)
+                    self.coord("report_state", wids[i], "FAILED", f"rollout actor died: {type(e).__name__}")
+                    live = [j for j in range(len(wids)) if j not in dead]
+                    if not live:
+                        raise RuntimeError("every rollout actor died") from e
+                    j = min(live, key=lambda k: (outstanding[k] == 0, -outstanding[k], k))
+                    if outstanding[j] == 0:  # an idle (maybe training) actor: take it back first
+                        self.spot_grants += self._take_back(
+                            training, [wids[j]] if wids[j] in training else [], "re-dispatch"
+                        )
+                        self.coord("report_state", wids[j], "ROLLOUT", "re-dispatched shard", step)
+                    outstanding[j] += 1
+                    nf = self.rollout.submit(j, "rollout", shards[s_idx], step, False)
+                    futures[nf] = (s_idx, j)
+                    pending.add(nf)
+                    self.log(
+                        f"rollout actor {wids[i]} died; its {len(shards[s_idx])} requests re-dispatched to "
+                        f"actor {wids[j]}"
+                    )
+                    continue
+                if outstanding[i] > 0:
+                    continue
+                r = self.coord("report_state", wids[i], "IDLE", "rollout share finished")
+                grants = [r["grant"]] if r["grant"] else []
+                if self.spot is not None:
+                    grants += self.coord("request_training", self._num_fresh())
+                for g in grants:
+                    g["epoch"] = self.coordinator_restarts
+                    if pending and self._grant(g):  # a bubble exists only while other actors still decode
+                        training[g["worker_id"]] = g
+                    elif not pending:  # the phase is over: hand the worker straight back
+                        self.coord("request_rollout", [g["worker_id"]], "rollout phase over")
+                        self.coord("report_state", g["worker_id"], "IDLE", "phase over", 0, g["grant_id"])
+        for i in sorted(dead, reverse=True):  # later steps shard over the surviving actors
+            self.rollout.remove(i)
+            self.rollout_clients.pop(i).close()
+            del self.worker_ids[i]
+        phase_end = time.time()
+        self.spot_grants += self._take_back(training, list(training), "rollout phase over: policy update")
+        trained: dict[str, float] = {}
+        for out in self.spot_grants:
+            trained[str(out["worker"])] = trained.get(str(out["worker"]), 0.0) + out["trained_seconds"]
+        return [results[i] for i in sorted(results)], trained, phase_end
+
+    # ------------------------------------------------------------------ phase boundary
+    def tune(self, results: list[ShardResult]) -> dict:
+        """The tuner's merged table to every rollout actor (gRPC); the row's tuner statistics."""
+        table = self.tuner_client.table()
+        for c in self.rollout_clients:
+            c.set_table(table)
+        stats = self.tuner_client.status()
+        choices: dict[str, int] = {}
+        for res in results:
+            for arm, c in (res.choices or {}).items():
+                choices[arm] = choices.get(arm, 0) + c
+        buckets = [b for b in stats["buckets"] if b["observations"]]
+        chosen = sum(b["chosen"] for b in buckets)
+        return {
+            "table_version": table["version"],
+            "observations": sum(res.observations_reported for res in results),
+            "choices": choices,
+            "best_by_bucket": {bucket_name(b): b["best"] for b in buckets},
+            "exploration_fraction": sum(b["explored"] for b in buckets) / chosen if chosen else 0.0,
+            "arm_reward_median": {
+                bucket_name(b): {a: v["median"] for a, v in b["arms"].items() if v["n"]} for b in buckets
+            },
+        }
+
+    def after_update(self, state, version: int) -> dict:
+        """Phase boundary: the spot trainer follows the policy; replicas that trained are averaged and a new
+        drafter version is published and loaded by every rollout actor (never in the middle of a request)."""
+        if self.spot is None:
+            return {}
+        from services.spot_trainer.service import sync_replicas
+
+        k = len(self.spot)
+        self.spot.call_all("update_policy", [(state, version)] * k)
+        out: dict = {"spot_grants": len(self.spot_grants), "spot_replicas": k}
+        if any(g.get("steps_in_grant", 0) > 0 for g in self.spot_grants):
+            avg = sync_replicas(self.spot.call_all("head_state", [()] * k))
+            if avg is not None:
+                self.spot.call_all("load_head", [(avg,)] * k)
+            dv, path = self.spot.call(0, "publish")
+            for c in self.rollout_clients:
+                c.load_drafter(dv, path)
+            self.drafter_version = dv
+            trained = [g for g in self.spot_grants if g.get("steps_in_grant", 0) > 0]
+            out.update(
+                spot_train_steps=sum(g["steps_in_grant"] for g in self.spot_grants),
+                spot_top1=trained[-1].get("top1"),
+                spot_loss=trained[-1].get("loss"),
+            )
+        stats = self.spot.call_all("stats", [()] * k)
+        out["spot_buffer_tokens"] = sum(st["buffer"].get("tokens", 0) for st in stats)
+        out["spot_buffer_dropped"] = sum(st["buffer"].get("dropped", 0) for st in stats)
+        return out
+
+    def timeline(self) -> tuple[list, list]:
+        """The coordinator's Gantt bars and rollout phases (since its last restart)."""
+        from services.coordinator.coordinator import Phase, TimelineEvent
+
+        events, phases = self.coordinator_pool.call(0, "timeline")
+        return [TimelineEvent(*e) for e in events], [Phase(*p) for p in phases]
+
+
+def bucket_name(b: dict) -> str:
+    return f"{b['lo']}-{b['hi'] - 1}" if b.get("hi") else f"{b['lo']}+"
