@@ -51,6 +51,7 @@ class ActorPool:
         self.members = list(members)
         self.use_ray = use_ray
         self._threads: cf.ThreadPoolExecutor | None = None
+        self._spawn: tuple | None = None
 
     @staticmethod
     def create(
@@ -63,16 +64,28 @@ class ActorPool:
     ) -> ActorPool:
         kwargs_list = kwargs_list or [{} for _ in args_list]
         if not use_ray:
-            return ActorPool([cls(*a, **k) for a, k in zip(args_list, kwargs_list)], False)
-        import ray
+            pool = ActorPool([cls(*a, **k) for a, k in zip(args_list, kwargs_list)], False)
+        else:
+            import ray
 
-        remote = ray.remote(num_cpus=num_cpus, max_restarts=0, max_concurrency=max_concurrency)(cls)
-        members = []
-        for a, k in zip(args_list, kwargs_list):
-            members.append(remote.remote(*a, **k))
-        pool = ActorPool(members, True)
-        pool.call_all("ping", [() for _ in members])  # surface constructor errors now
+            remote = ray.remote(num_cpus=num_cpus, max_restarts=0, max_concurrency=max_concurrency)(cls)
+            pool = ActorPool([remote.remote(*a, **k) for a, k in zip(args_list, kwargs_list)], True)
+            pool.call_all("ping", [() for _ in pool.members])  # surface constructor errors now
+        pool._spawn = (cls, list(args_list), list(kwargs_list), num_cpus, max_concurrency)
         return pool
+
+    def respawn(self, i: int) -> None:
+        """Replace member ``i`` (dead, or to be restarted) by a fresh one built with its original arguments
+        (a service that resumes from its checkpoint folder picks up where the old one stopped)."""
+        cls, args_list, kwargs_list, num_cpus, max_concurrency = self._spawn
+        fresh = ActorPool.create(
+            cls, [args_list[i]], self.use_ray, num_cpus, [kwargs_list[i]], max_concurrency
+        )
+        if self.use_ray:
+            import ray
+
+            ray.kill(self.members[i])
+        self.members[i] = fresh.members[0]
 
     def __len__(self) -> int:
         return len(self.members)
@@ -93,6 +106,15 @@ class ActorPool:
     def remove(self, i: int) -> None:
         """Drop member ``i`` (a dead actor) from the pool."""
         m = self.members.pop(i)
+        if self._spawn is not None:
+            cls, args_list, kwargs_list, num_cpus, conc = self._spawn
+            self._spawn = (
+                cls,
+                args_list[:i] + args_list[i + 1 :],
+                kwargs_list[:i] + kwargs_list[i + 1 :],
+                num_cpus,
+                conc,
+            )
         if self.use_ray:
             import ray
 

@@ -99,6 +99,7 @@ class ControlPlane:
         self.spot: ActorPool | None = None
         self.spot_clients: list = []
         self.spot_grants: list[dict] = []  # grants of the last rollout phase (their PreemptResponse dicts)
+        self.spot_restarts = 0
         self.drafter_version = 0
 
     # ------------------------------------------------------------------ start / stop
@@ -239,8 +240,43 @@ class ControlPlane:
         )
         addresses = self.spot.call_all("serve", [(self.host, 0, self.token)] * replicas)
         self.spot_clients = [SpotTrainerClient(a, self.token) for a in addresses]
-        streams = self.spot.call_all("address", [()] * replicas)
-        self.rollout.call_all("connect_spot_trainer", [(streams,)] * n)
+        self._connect_streams()
+
+    def _connect_streams(self) -> None:
+        streams = self.spot.call_all("address", [()] * len(self.spot))
+        self.rollout.call_all("connect_spot_trainer", [(streams,)] * len(self.rollout))
+
+    def ensure_spot(self) -> list[int]:
+        """At a phase boundary: every spot-trainer replica that died is started again on its checkpoint
+        folder (it resumes its newest checkpoint; published versions never go back) and the rollout actors'
+        hidden-state streams are re-pointed. Returns the replicas restarted."""
+        if self.spot is None:
+            return []
+        from services.spot_trainer.grpc_service import SpotTrainerClient
+
+        dead = []
+        for i in range(len(self.spot)):
+            try:
+                self.spot.call(i, "ping")
+            except Exception as e:
+                if not actor_died(e):
+                    raise
+                dead.append(i)
+        for i in dead:
+            self.spot.respawn(i)
+            self.spot_clients[i].close()
+            self.spot_clients[i] = SpotTrainerClient(
+                self.spot.call(i, "serve", self.host, 0, self.token), self.token
+            )
+            self.spot_restarts += 1
+            st = self.spot.call(i, "stats")
+            self.log(
+                f"spot-trainer replica {i} died; restarted from its checkpoint at step {st['resumed_step']} "
+                f"(published drafter version {st['version']})"
+            )
+        if dead:
+            self._connect_streams()
+        return dead
 
     def stop(self) -> None:
         keep = self.cfg.coordinator.keep_serving
@@ -267,12 +303,23 @@ class ControlPlane:
         return int(worker_id) % len(self.spot_clients)
 
     def _num_fresh(self) -> int:
-        """Fresh samples per replica (the least-fed one: every granted replica must have data)."""
-        return min(self.spot.call_all("num_fresh", [()] * len(self.spot)))
+        """Fresh samples per replica (the least-fed one: every granted replica must have data); 0 while a
+        replica is down (it is restarted at the next phase boundary)."""
+        try:
+            return min(self.spot.call_all("num_fresh", [()] * len(self.spot)))
+        except Exception as e:
+            if not actor_died(e):
+                raise
+            return 0
 
     def _grant(self, g: dict) -> bool:
         """Hand a coordinator grant to the worker's replica; False (and the worker released) if refused."""
-        out = self.spot_clients[self._replica(g["worker_id"])].grant(g)
+        try:
+            out = self.spot_clients[self._replica(g["worker_id"])].grant(g)
+        except grpc.RpcError as e:  # the replica is down: no training on this bubble
+            if not _unavailable(e):
+                raise
+            out = {"accepted": False, "message": f"replica unavailable ({e.code().name})"}
         if not out["accepted"]:
             self.coord(
                 "report_state", g["worker_id"], "IDLE", f"grant refused: {out['message']}", 0, g["grant_id"]
@@ -290,9 +337,14 @@ class ControlPlane:
 
         def preempt(w: str) -> dict:
             g = training[w]
-            return self.spot_clients[self._replica(w)].preempt(
-                g["grant_id"], release_by.get(w), deadline + 60
-            )
+            try:
+                return self.spot_clients[self._replica(w)].preempt(
+                    g["grant_id"], release_by.get(w), deadline + 60
+                )
+            except grpc.RpcError as e:  # the replica died while training: its grant's work is lost
+                if not _unavailable(e):
+                    raise
+                return {"worker": w, "grant_id": g["grant_id"], "trained_seconds": 0.0, "steps_in_grant": 0}
 
         with cf.ThreadPoolExecutor(max_workers=len(worker_ids)) as ex:
             outs = list(ex.map(preempt, worker_ids))
@@ -309,6 +361,7 @@ class ControlPlane:
         """Decode every shard; lend bubbles to the spot trainer; take them back at the end.
 
         Returns (results in shard order, trained seconds per worker id, phase end wall time)."""
+        self.ensure_spot()
         wids = [str(w) for w in self.worker_ids]
         for w in wids:
             self.coord("report_state", w, "ROLLOUT", "rollout started", step)
@@ -408,9 +461,14 @@ class ControlPlane:
             return {}
         from services.spot_trainer.service import sync_replicas
 
+        self.ensure_spot()
         k = len(self.spot)
         self.spot.call_all("update_policy", [(state, version)] * k)
-        out: dict = {"spot_grants": len(self.spot_grants), "spot_replicas": k}
+        out: dict = {
+            "spot_grants": len(self.spot_grants),
+            "spot_replicas": k,
+            "spot_restarts": self.spot_restarts,
+        }
         if any(g.get("steps_in_grant", 0) > 0 for g in self.spot_grants):
             avg = sync_replicas(self.spot.call_all("head_state", [()] * k))
             if avg is not None:

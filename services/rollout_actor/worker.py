@@ -368,6 +368,8 @@ class RolloutWorker:
             return False
         from services.spot_trainer.stream import HiddenStateSender
 
+        if getattr(self, "_sender", None) is not None:  # re-pointed after a replica restart
+            self._sender.close()
         self._sender = HiddenStateSender(address, hwm=1024)
         self._pending_hidden: dict[str, list] = {}
         self.hidden_sink = self._collect_hidden
