@@ -17,6 +17,8 @@ Contract
   logits at temperature 0), finish reason (``eos`` | ``stop`` | ``length``), per-request timings and
   speculation counters. ``Engine.step_log`` keeps one ``StepRecord`` per decode step (active batch size,
   seconds, drafted/accepted tokens) for long-tail plots and the tuner.
+* Device: the model's. On CUDA the decode and verify forwards replay CUDA graphs from a bucketed pool
+  (``cuda_graphs.py``; prefill stays eager); on CPU they run eagerly, exactly as without the option.
 
 Run it on a model folder:
 
@@ -33,6 +35,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from services.rollout_actor.cuda_graphs import (
+    DEFAULT_BATCH_BUCKETS,
+    CudaGraphPool,
+    GraphBackend,
+    GraphedForward,
+    TorchCudaGraphBackend,
+    kv_len_buckets,
+)
 from services.rollout_actor.model import Transformer
 from services.rollout_actor.sampling import draw_uniforms, processed_probs, sample_from_probs
 from services.rollout_actor.speculative.base import Drafter, DraftRequest, DraftTree
@@ -134,6 +144,12 @@ class Engine:
             for every committed position, the token read there and the target hidden states after reading it
             (the spot trainer's buffer feeds on it; prompt positions are not reported).
         seed: base seed for requests without their own.
+        cuda_graphs: replay the decode / verify forwards from a ``CudaGraphPool`` (one extra KV-cache slot
+            takes the padding rows). None: on when the model is on CUDA. True on a non-CUDA model raises
+            unless ``graph_backend`` is given.
+        cuda_graph_memory_bytes: device-memory budget of the captured graphs, in bytes.
+        graph_backend: the ``GraphBackend`` capturing the graphs (default ``TorchCudaGraphBackend``); tests
+            pass a fake one to run the graph path (padding, buckets, static key lengths) on CPU.
     """
 
     def __init__(
@@ -148,6 +164,9 @@ class Engine:
         hidden_layers: Sequence[int] = (),
         hidden_sink: Callable[..., None] | None = None,
         seed: int = 0,
+        cuda_graphs: bool | None = None,
+        cuda_graph_memory_bytes: int = 1 << 30,
+        graph_backend: GraphBackend | None = None,
     ):
         self.model = model.eval()
         self.cfg = model.config
@@ -161,7 +180,22 @@ class Engine:
         self.hidden_sink = hidden_sink
         self.seed = seed
         self._seed_counter = itertools.count()
-        self.cache = model.new_cache(max_batch_size, max_seq_len)
+        self.device = next(model.parameters()).device
+        if cuda_graphs is None:
+            cuda_graphs = self.device.type == "cuda"
+        if cuda_graphs and self.device.type != "cuda" and graph_backend is None:
+            raise ValueError(f"cuda_graphs needs the model on CUDA, it is on {self.device}")
+        # with graphs, slot max_batch_size is the scratch slot the padding rows of a batch bucket write to
+        self.cache = model.new_cache(max_batch_size + int(cuda_graphs), max_seq_len)
+        self.graphed: GraphedForward | None = None
+        if cuda_graphs:
+            pool = CudaGraphPool(
+                graph_backend or TorchCudaGraphBackend(self.device),
+                batch_buckets=[e for e in DEFAULT_BATCH_BUCKETS if e < max_batch_size] + [max_batch_size],
+                kv_buckets=kv_len_buckets(max_seq_len),
+                memory_budget_bytes=cuda_graph_memory_bytes,
+            )
+            self.graphed = GraphedForward(model, self.cache, max_batch_size, pool, self.hidden_layers)
         self.free_slots: list[int] = list(range(max_batch_size - 1, -1, -1))
         self.waiting: deque[tuple[GenerationRequest, float]] = deque()
         self.running: list[_Running] = []
@@ -243,20 +277,23 @@ class Engine:
             new.append(r)
         if not new:
             return []
-        slots = torch.tensor([r.slot for r in new])
+        dev = self.device
+        slots = torch.tensor([r.slot for r in new], device=dev)
         self.cache.reset(slots)
         lens = torch.tensor([len(r.req.prompt_ids) for r in new])
         t = int(lens.max())
         ids = torch.zeros(len(new), t, dtype=torch.long)
         for i, r in enumerate(new):
             ids[i, : lens[i]] = torch.tensor(r.req.prompt_ids)
+        lens = lens.to(dev)
         out = self.model(
-            ids, cache=self.cache, slots=slots, hidden_layers=self.hidden_layers, logits_at=lens - 1
+            ids.to(dev), cache=self.cache, slots=slots, hidden_layers=self.hidden_layers, logits_at=lens - 1
         )
         self.cache.commit(slots, lens)
         logits = out.logits[:, 0]  # [n, V]
         hid = self._gather_hidden(out.hidden, lens - 1)
         tokens, logps = self._sample_rows(logits, new)
+        tokens, logps = tokens.tolist(), logps.tolist()  # one device read for the batch
         finished = []
         now = self.now()
         for i, r in enumerate(new):
@@ -264,7 +301,7 @@ class Engine:
             if hid is not None:
                 r.hidden = hid[i]
             self.running.append(r)
-            self._commit(r, [int(tokens[i])], [float(logps[i])])
+            self._commit(r, [tokens[i]], [logps[i]])
             if r.finish_reason:
                 finished.append(self._finish(r))
         return finished
@@ -279,9 +316,10 @@ class Engine:
         return picked[0] if len(picked) == 1 else torch.stack(picked, 1)
 
     def _params_tensors(self, rows: list[_Running]):
-        temp = torch.tensor([r.req.params.temperature for r in rows], dtype=torch.float32)
-        top_k = torch.tensor([r.req.params.top_k for r in rows], dtype=torch.long)
-        top_p = torch.tensor([r.req.params.top_p for r in rows], dtype=torch.float32)
+        dev = self.device
+        temp = torch.tensor([r.req.params.temperature for r in rows], dtype=torch.float32, device=dev)
+        top_k = torch.tensor([r.req.params.top_k for r in rows], dtype=torch.long, device=dev)
+        top_p = torch.tensor([r.req.params.top_p for r in rows], dtype=torch.float32, device=dev)
         return temp, top_k, top_p
 
     def _logprobs(self, logits: torch.Tensor, temp: torch.Tensor) -> torch.Tensor:
@@ -291,7 +329,7 @@ class Engine:
     def _sample_rows(self, logits: torch.Tensor, rows: list[_Running]):
         temp, top_k, top_p = self._params_tensors(rows)
         probs = processed_probs(logits, temp, top_k, top_p)
-        u = draw_uniforms([r.gen for r in rows], 1).squeeze(1)
+        u = draw_uniforms([r.gen for r in rows], 1).squeeze(1).to(self.device)
         tok = sample_from_probs(probs, u)
         lp = self._logprobs(logits, temp).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
         return tok, lp
@@ -357,11 +395,13 @@ class Engine:
         t_draft = time.perf_counter() - t0
 
         n = max((len(d) for d in drafts), default=0)
-        slots = torch.tensor([r.slot for r in rows])
+        dev = self.device
+        slots = torch.tensor([r.slot for r in rows], device=dev)
         base = self.cache.lengths[slots]
         # Inputs: the root (last sampled token, not yet cached) then the draft nodes, padded to n + 1.
         # Chains (and padding) need no explicit mask or positions: causal order is their tree order.
-        ids = torch.tensor([[r.root, *d.tokens] + [0] * (n - len(d)) for r, d in zip(rows, drafts)])
+        id_rows = [[r.root, *d.tokens] + [0] * (n - len(d)) for r, d in zip(rows, drafts)]
+        ids = torch.tensor(id_rows, device=dev)
         pos = mask = None
         if any(len(d) > 1 and not d.is_chain() for d in drafts):
             depth_rows, mask_rows = [], []
@@ -374,16 +414,19 @@ class Engine:
                     m[j] = [c <= j for c in range(n + 1)]
                 depth_rows.append(depth)
                 mask_rows.append(m)
-            pos = base.unsqueeze(1) + torch.tensor(depth_rows)
-            mask = torch.tensor(mask_rows)
-        out = self.model(
-            ids,
-            positions=pos,
-            cache=self.cache,
-            slots=slots,
-            attn_mask=mask,
-            hidden_layers=self.hidden_layers,
-        )
+            pos = base.unsqueeze(1) + torch.tensor(depth_rows, device=dev)
+            mask = torch.tensor(mask_rows, device=dev)
+        if self.graphed is not None:
+            out = self.graphed(ids, slots, positions=pos, attn_mask=mask)
+        else:
+            out = self.model(
+                ids,
+                positions=pos,
+                cache=self.cache,
+                slots=slots,
+                attn_mask=mask,
+                hidden_layers=self.hidden_layers,
+            )
         logits = out.logits  # [B, n+1, V]
         temp, top_k, top_p = self._params_tensors(rows)
         greedy = temp <= 0
@@ -394,7 +437,7 @@ class Engine:
             top_p.view(-1, 1).expand(b, n + 1),
         )
         if n == 0:
-            u = draw_uniforms([r.gen for r in rows], 1).squeeze(1)
+            u = draw_uniforms([r.gen for r in rows], 1).squeeze(1).to(dev)
             nxt = sample_from_probs(probs[:, 0], u).tolist()
             paths: list[list[int]] = [[] for _ in rows]
         else:
@@ -410,15 +453,15 @@ class Engine:
         # rows (in this step's input) that predicted each committed token: the root, then the accepted nodes
         rows_idx = [[0] + [p + 1 for p in path] for path in paths]
         toks = [[d.tokens[p] for p in path] + [nxt[i]] for i, (d, path) in enumerate(zip(drafts, paths))]
-        flat_b = torch.tensor([i for i, ri in enumerate(rows_idx) for _ in ri])
-        flat_r = torch.tensor([x for ri in rows_idx for x in ri])
-        flat_t = torch.tensor([x for t in toks for x in t])
+        flat_b = torch.tensor([i for i, ri in enumerate(rows_idx) for _ in ri], device=dev)
+        flat_r = torch.tensor([x for ri in rows_idx for x in ri], device=dev)
+        flat_t = torch.tensor([x for t in toks for x in t], device=dev)
         lp_flat = self._logprobs(logits[flat_b, flat_r], temp[flat_b]).gather(-1, flat_t.unsqueeze(-1))
         lp_flat = lp_flat.squeeze(-1).tolist()
         # KV: keep root + accepted nodes. A path 0, 1, 2, ... is already in place (the common case: only the
         # length moves); a tree path is compacted into consecutive positions.
         contiguous = [path == list(range(len(path))) for path in paths]
-        keep = torch.tensor([len(ri) if c else 0 for ri, c in zip(rows_idx, contiguous)])
+        keep = torch.tensor([len(ri) if c else 0 for ri, c in zip(rows_idx, contiguous)], device=dev)
         self.cache.commit(slots, keep)
         for r, ri, c in zip(rows, rows_idx, contiguous):
             if not c:
@@ -442,7 +485,10 @@ class Engine:
                     # state after reading it: EAGLE's (token_t, feature_t) rows, consecutive per request
                     start = int(base[i])
                     self.hidden_sink(
-                        r.req.request_id, list(range(start, start + len(ri))), ids[i, ri].tolist(), hid[i, ri]
+                        r.req.request_id,
+                        list(range(start, start + len(ri))),
+                        [id_rows[i][j] for j in ri],
+                        hid[i, ri],
                     )
             if len(d):
                 self._record_spec(r, d, s, len(path))
@@ -484,6 +530,7 @@ class Engine:
     ) -> list[DraftTree]:
         drafts: list[DraftTree] = [DraftTree() for _ in rows]
         groups: dict[tuple, list[int]] = {}
+        lengths: list[int] = []  # committed cache lengths, read from the device once
         for i, s in enumerate(strategies):
             if not s.is_off:
                 groups.setdefault((s.drafter, s.tree_width, s.tree_depth), []).append(i)
@@ -494,11 +541,12 @@ class Engine:
                     f"strategy names drafter {name!r}, but the engine has {sorted(self.drafters)}"
                 )
             budgets = []
+            lengths = lengths or self.cache.lengths.tolist()
             for i in idx:
                 r = rows[i]
                 room = min(
                     r.req.params.max_new_tokens - len(r.tokens) - 1,
-                    self.max_seq_len - int(self.cache.lengths[r.slot]) - 2,
+                    self.max_seq_len - lengths[r.slot] - 2,
                 )
                 budgets.append(max(0, min(strategies[i].max_draft_tokens, room)))
             for i, tree in zip(idx, drafter.propose([dreqs[i] for i in idx], budgets, width, depth)):

@@ -340,6 +340,7 @@ class Transformer(nn.Module):
         hidden_layers: Sequence[int] = (),
         last_only: bool = False,
         logits_at: torch.Tensor | None = None,
+        kv_len: int | None = None,
     ) -> ForwardOutput:
         """Run the decoder.
 
@@ -355,6 +356,11 @@ class Transformer(nn.Module):
                 means the final normed hidden state (what the LM head reads).
             last_only: compute logits for the last position only.
             logits_at: ``[B]`` long; compute logits only at this position of each row (``[B, 1, V]``).
+            kv_len: with a cache, a fixed number of key positions (cache positions ``0 .. kv_len - 1`` of each
+                slot) to attend over, masked per row; the caller guarantees ``max(lengths[slots]) + T <=
+                kv_len <= max_len``. The forward then has static shapes and no host synchronization (no
+                ``.item()``, no branching on tensor values), as CUDA-graph capture requires
+                (``cuda_graphs.GraphedForward``). Default: ``max(lengths[slots]) + T``, checked on the host.
 
         Returns:
             ``ForwardOutput``. Raises ``ValueError`` when the cache would overflow.
@@ -366,18 +372,24 @@ class Transformer(nn.Module):
             if slots is None:
                 raise ValueError("slots is required with a cache")
             base = cache.lengths[slots]  # [B]
-            if int(base.max()) + t > cache.max_len:
-                raise ValueError(f"KV cache overflow: {int(base.max())} + {t} > max_len {cache.max_len}")
+            if kv_len is None:
+                longest = int(base.max())
+                if longest + t > cache.max_len:
+                    raise ValueError(f"KV cache overflow: {longest} + {t} > max_len {cache.max_len}")
+                kmax = longest + t
+            elif t <= kv_len <= cache.max_len:
+                kmax = kv_len
+            else:
+                raise ValueError(f"kv_len {kv_len} outside [T={t}, max_len={cache.max_len}]")
             write_pos = base.unsqueeze(1) + torch.arange(t, device=input_ids.device)  # [B, T]
             if positions is None:
                 positions = write_pos
-            kmax = int(base.max()) + t
             key_idx = torch.arange(kmax, device=input_ids.device)
             committed = key_idx.view(1, 1, kmax) < base.view(b, 1, 1)  # [B, 1, K]
             new = (
                 attn_mask
                 if attn_mask is not None
-                else torch.ones(t, t, dtype=torch.bool).tril().expand(b, t, t)
+                else torch.ones(t, t, dtype=torch.bool, device=input_ids.device).tril().expand(b, t, t)
             )
             # scatter the [B, T, T] new-token mask into key positions base..base+T-1
             rel = key_idx.view(1, 1, kmax) - base.view(b, 1, 1)  # [B, 1, K]
