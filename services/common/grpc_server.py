@@ -39,6 +39,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format, message_factory
 from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -641,6 +643,20 @@ def aio_channel(
     return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)
 
 
+def to_timestamp(t: float | None = None) -> Timestamp:
+    """``time.time()`` seconds (now when None) -> ``google.protobuf.Timestamp``."""
+    ts = Timestamp()
+    ts.FromNanoseconds(int(round((time.time() if t is None else float(t)) * 1e9)))
+    return ts
+
+
+def from_timestamp(msg: Any, name: str) -> float | None:
+    """Seconds of the Timestamp field ``name`` of ``msg``; None when unset."""
+    if not msg.HasField(name):
+        return None
+    return getattr(msg, name).ToNanoseconds() / 1e9
+
+
 def health_check(
     address: str, service: str = "", token: str | None = None, timeout: float = 5.0, **kw
 ) -> str:
@@ -667,6 +683,8 @@ __all__ = [
     "channel",
     "check_bind",
     "expose",
+    "from_timestamp",
     "health_check",
     "is_loopback",
+    "to_timestamp",
 ]

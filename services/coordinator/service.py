@@ -34,9 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from google.protobuf.timestamp_pb2 import Timestamp
-
-from services.common.grpc_server import channel
+from services.common.grpc_server import channel, to_timestamp
 from services.common.proto_gen.tailspec.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from services.coordinator.coordinator import Coordinator, Grant, Preempt, WorkerReport
 from services.coordinator.states import IllegalTransition, WorkerState
@@ -52,12 +50,6 @@ _PHASES = {
     "done": common_pb2.STEP_PHASE_DONE,
 }
 _PHASE_NAMES = {v: k for k, v in _PHASES.items()}
-
-
-def _ts(t: float | None = None) -> Timestamp:
-    ts = Timestamp()
-    ts.FromNanoseconds(int((time.time() if t is None else t) * 1e9))
-    return ts
 
 
 def state_pb(state: WorkerState | str) -> int:
@@ -108,7 +100,7 @@ class CoordinatorService:
             worker_id=g.worker_id,
             grantee_id=grantee,
             resources=common_pb2.Resources(num_cpus=float(g.resources.get("cpus", 0.0))),
-            granted_at=_ts(self._wall(g.issued_at)),
+            granted_at=to_timestamp(self._wall(g.issued_at)),
             rl_step=self.coordinator.step,
             policy_version=int(g.policy_version),
         )
@@ -118,7 +110,7 @@ class CoordinatorService:
             grant_id="" if p.grant_id is None else str(p.grant_id),
             worker_id=p.worker_id,
             reason=p.reason,
-            release_by=_ts(self._wall(p.deadline)),
+            release_by=to_timestamp(self._wall(p.deadline)),
         )
 
     # ------------------------------------------------------------------ RPCs
@@ -256,8 +248,8 @@ class CoordinatorService:
                         policy_version=int(w["policy_version"] or info.get("policy_version", 0)),
                         drafter_version=int(w["drafter_version"] or info.get("drafter_version", 0)),
                     ),
-                    last_heartbeat=_ts(self._wall(w["last_heartbeat"])),
-                    state_since=_ts(self._wall(w["since"])),
+                    last_heartbeat=to_timestamp(self._wall(w["last_heartbeat"])),
+                    state_since=to_timestamp(self._wall(w["since"])),
                     grant_id="" if w["grant_id"] is None else str(w["grant_id"]),
                 )
             )
@@ -270,7 +262,7 @@ class CoordinatorService:
                         from_state=0 if t.src is None else state_pb(t.src),
                         to_state=state_pb(t.dst),
                         reason=t.reason,
-                        at=_ts(self._wall(t.t)),
+                        at=to_timestamp(self._wall(t.t)),
                     )
                 )
         return coordinator_pb2.CoordinatorStatus(
@@ -288,7 +280,7 @@ class CoordinatorService:
             bubble_seconds_total=float(info.get("bubble_seconds", 0.0)),
             bubble_trained_seconds_total=float(info.get("bubble_trained_seconds", 0.0)),
             recent_transitions=transitions,
-            now=_ts(),
+            now=to_timestamp(),
         )
 
 
@@ -405,7 +397,7 @@ class CoordinatorClient:
                 worker_id=str(worker_id),
                 state=0 if state is None else state_pb(state),
                 versions=common_pb2.Versions(**dict(versions or {})),
-                sent_at=_ts(),
+                sent_at=to_timestamp(),
             ),
             timeout=self.timeout,
         )

@@ -24,9 +24,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from google.protobuf.timestamp_pb2 import Timestamp
-
-from services.common.grpc_server import channel
+from services.common.grpc_server import channel, from_timestamp, to_timestamp
 from services.common.proto_gen.tailspec.v1 import common_pb2, spot_trainer_pb2, spot_trainer_pb2_grpc
 
 if TYPE_CHECKING:
@@ -39,20 +37,6 @@ except importlib.metadata.PackageNotFoundError:  # running from a source tree th
 
 
 # ---------------------------------------------------------------------- timestamps
-def to_timestamp(t: float) -> Timestamp:
-    """``time.time()`` seconds -> Timestamp."""
-    ts = Timestamp()
-    ts.FromNanoseconds(int(round(float(t) * 1e9)))
-    return ts
-
-
-def from_timestamp(msg: Any, name: str) -> float | None:
-    """Seconds of the Timestamp field ``name`` of ``msg``; None when unset."""
-    if not msg.HasField(name):
-        return None
-    return getattr(msg, name).ToNanoseconds() / 1e9
-
-
 def _set_ts(msg: Any, name: str, t: float | None) -> None:
     if t is not None:
         getattr(msg, name).CopyFrom(to_timestamp(t))
