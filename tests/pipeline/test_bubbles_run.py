@@ -35,7 +35,7 @@ def test_bubbles_are_trained_and_accounted(tmp_path, tiny_policy_dir):
         idle = sum(w["idle_seconds"] for w in r["workers"])
         assert abs(idle - r["bubble_seconds"]) < 0.05  # same idle time, measured by the driver and the ledger
     assert summary["spot_training"] is True
-    assert summary["spot_replicas"] == 2  # one spot-trainer replica per rollout actor, averaged before publish
+    assert summary["spot_replicas"] == 2  # one replica per rollout actor, averaged before publish
     assert summary["bubble_trained_seconds_total"] > 0, "no bubble was ever used for training"
     assert summary["drafter_version"] >= 1
     versions = [r["drafter_version"] for r in rows]
