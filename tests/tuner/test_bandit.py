@@ -38,7 +38,8 @@ def test_default_arms_and_off_always_present():
 
 
 def test_untried_first_then_greedy_and_exploration():
-    bandit = BucketedBandit([OFF, SUFFIX, NGRAM], BanditConfig(epsilon=0.0))
+    # one sample is enough to compete here (the default min_samples_for_best is 4: test_estimate_and_clock.py)
+    bandit = BucketedBandit([OFF, SUFFIX, NGRAM], BanditConfig(epsilon=0.0, min_samples_for_best=1))
     tried = []
     for _ in range(3):
         arm = bandit.choose(1)
@@ -127,8 +128,9 @@ def test_costly_arm_is_guarded_after_two_samples_with_a_long_hold():
     assert bandit.is_guarded(1, SUFFIX)
     st = bandit._buckets[0].arms[SUFFIX.name]
     assert st.hold == math.ceil(2 * 8 / 0.02)  # probe_samples * play_cost / guard_regret_budget
-    # a mildly slower arm with cheap plays waits for k samples
-    bandit2 = BucketedBandit([OFF, SUFFIX], BanditConfig(min_samples_for_guard=4))
+    # a mildly slower arm with cheap plays waits for k samples (quantile rule; the default throughput rule
+    # waits longer for a mildly slower arm: tests/tuner/test_estimate_and_clock.py)
+    bandit2 = BucketedBandit([OFF, SUFFIX], BanditConfig(min_samples_for_guard=4, guard_rule="quantile"))
     feed(bandit2, OFF, 4, 100)
     feed(bandit2, SUFFIX, 3, 80)
     assert not bandit2.is_guarded(1, SUFFIX)
@@ -168,7 +170,8 @@ def test_ucb_guard_rule():
 
 def test_reset_arms_after_new_drafter_version():
     arms = [OFF, SUFFIX, LEARNED, HYBRID]
-    bandit = BucketedBandit(arms, BanditConfig(min_samples_for_guard=2, fast_guard_cost=1e9))
+    cfg = BanditConfig(min_samples_for_guard=2, min_samples_for_best=2, fast_guard_cost=1e9)
+    bandit = BucketedBandit(arms, cfg)
     for b in (1, 64):
         feed(bandit, OFF, 2, 100, batch=b)
         for arm in (SUFFIX, LEARNED, HYBRID):

@@ -99,7 +99,7 @@ def test_tuner_against_fixed_arms(setup, batch, n_requests, rounds):
         s = Strategy(arm["drafter"], arm.get("max_draft_tokens", 0))
         fixed[s.name] = run(model, tok, questions, FixedPolicy(s), batch, n_requests, seed=1000)[0]
     tuner = TunerService(ARMS, {"epsilon": 0.05, "min_samples_for_guard": 4}, ["suffix", "ngram"])
-    policy = TunedStrategyPolicy(tuner.table(), seed=0)
+    policy = TunedStrategyPolicy(tuner.table(), seed=0, clock="engine")  # the modeled step times
     for _ in range(rounds):  # learn across rounds, as across RL steps
         thr, eng = run(model, tok, questions, policy, batch, n_requests, seed=1000)
         policy.update_table(tuner.merge(policy.drain_observations()))
