@@ -14,28 +14,42 @@ Contract
   token per request per step. The seconds are whatever the caller measured: the rollout actor's
   ``TunedStrategyPolicy`` (``policy.py``) reports the decoding thread's CPU time on a CPU-only machine (other
   processes' load does not leak into the reward) and the engine's wall time otherwise.
-- Per bucket and arm a sliding window of the last ``window`` steps is kept. The arm's *estimate* is its
+- Per bucket and arm a sliding window of the last ``window`` (64) steps is kept, for ``off`` of the last
+  ``off_window`` (``8 * window``). The arm's *estimate* is its
   throughput over the window, sum(tokens) / sum(seconds), with each step's seconds capped at ``stall_cap``
   (2) times the window's median step seconds (``estimator="capped"``, the default: a stall such as a GC
   pause or a preempted core counts as a normal slow step, not as a 100x one); the plain ratio (``"ratio"``:
   one stall skews it); that ratio without the ``trim`` fraction of slowest and fastest steps by rate
-  (``"trimmed"``); or the window median of per-step rewards (``"median"``). The median is robust to stalls
+  (``"trimmed"``); or the window median of per-step rewards (``"median"``). Why off keeps more: it is the
+  greedy arm almost everywhere and gets most steps, so 64 of its steps are a recent slice (at batch 1: part
+  of one response, whose context length sets the step cost), while an explored arm's 64 steps span many
+  rollouts; the two estimates then describe different conditions, and at batch 1 off's slice of a long
+  response made drafting arms look ~10% better than they were when played (three rollouts in a row on a
+  slower drafting arm, 0.84x plain). Off's speed does not change with drafter versions, so its longer
+  memory costs no adaptation; drafting arms keep the short window. The median is robust to stalls
   but biased against drafting arms: their per-step rewards are skewed (most steps commit one token per
   request at a slightly higher cost, a few commit many), so the typical step is slower than off while the
   throughput is higher. Measured on the default policy at batch 1 (suffix-k8 vs off): median 264 vs 309
   tokens per CPU-second, throughput 284 vs 298; i.e. the median understates drafting arms by ~10% relative
   to off.
-- ``choose(b)``: (1) an arm that is not guarded and has fewer than ``min_samples_for_best`` (4) samples in
-  this bucket's window (untried or under-sampled) or is on probation (see the guard) is played first,
-  least-played first, config order on ties (a rollout actor's ``TablePolicy`` plays each such arm once per
-  table version); (2) else with probability ``epsilon`` a uniformly drawn *eligible* arm other than the
-  current best (exploration); (3) else the eligible arm with the best estimate (config order on ties) among
-  off and the arms with at least ``min_samples_for_best`` samples. Eligible = has samples, not guarded, not on
-  probation. ``off`` is always an arm and never guarded, so there is always an eligible arm. The minimum
+- ``choose(b)``: (1) an arm that is not guarded and is untried, on probation (see the guard), or has fewer
+  than ``min_samples_for_best`` (4) samples in this bucket's window while one of them came within
+  ``guard_margin`` of off's estimate (under-sampled but promising) is played first, least-played first,
+  config order on ties (a rollout actor's ``TablePolicy`` plays each such arm once per table version); (2) else with probability ``epsilon`` a uniformly drawn *eligible* arm other than the
+  current best (exploration); (3) else the greedy arm: off, unless an eligible arm with at least
+  ``min_samples_for_best`` samples is *reliably* better than off, i.e. its estimate minus ``best_z`` (1)
+  standard errors of its throughput (the throughput guard's standard error, floored at
+  ``guard_cv_floor * R / sqrt(n)``) still beats off's estimate; among those, the best estimate (config
+  order on ties). Eligible = has samples, not guarded, not on probation. ``off`` is always an arm and never guarded, so there is always an eligible arm. The minimum
   keeps a drafting arm whose single sample happened to be a long accept from becoming the greedy choice:
   rollout actors play the table's best for a whole rollout before the next table arrives, so a best chosen
   on thin evidence costs a rollout (measured: after one cold rollout at batch 16, one probe per arm, the
-  table's best was a suffix arm, 1.5x slower than off there).
+  table's best was a suffix arm, 1.5x slower than off there). The pessimistic ranking does the same for the
+  winner's curse: with five drafting arms of 4..20 samples each, the largest point estimate is usually an
+  arm that got lucky, and taking it as the best flipped the batch-1 bucket between three drafting arms that
+  were all slower than off (a whole rollout on each, 0.88x plain); a challenger now has to beat off by about
+  one standard error (~6% with a full window of drafting steps, ~25% with four samples); between arms that
+  do, the point estimates decide.
 - ``observe(b, arm, committed_tokens, seconds)``: one decode step's result.
 
 Regret guard ("reliably below off")
@@ -68,11 +82,11 @@ A guarded arm is not chosen (not even to explore) in that bucket until the guard
 
 - *window turnover*: ``off`` has received ``hold`` further observations in that bucket, where
   ``hold = max(guard_hold * 2**strikes, probe_samples * play_cost / guard_regret_budget)`` (``guard_hold``
-  defaults to ``window``: off's window has turned over; the second term keeps the cost of re-probing a bad
-  arm near ``guard_regret_budget``, 2%, of the bucket's time); or the bucket as a whole has received
-  ``max(guard_max_hold, hold)`` further observations (``guard_max_hold`` defaults to ``8 * window``: a guard
-  does not last forever where off is rarely played); or ``reset_arms(drafter)`` is called (a new drafter
-  version was loaded).
+  defaults to ``window``: as many off steps as an arm's window holds; the second term keeps the cost of
+  re-probing a bad arm near ``guard_regret_budget``, 2%, of the bucket's time); or the bucket as a whole
+  has received ``max(guard_max_hold, hold)`` further observations (``guard_max_hold`` defaults to
+  ``8 * window``: a guard does not last forever where off is rarely played); or
+  ``reset_arms(drafter)`` is called (a new drafter version was loaded).
 - On lift the arm's window is cleared and it goes on *probation*: it is played ``probe_samples`` times
   (default 2; fewer when a probe is already below off and costly). If every probe is below
   ``(1 - guard_margin) * estimate(off)`` it is guarded again with one more strike (the window-turnover hold
@@ -90,7 +104,7 @@ ingests them with ``merge()`` (a list of observation dicts); ``merge()`` also ta
 Beyond BEG-MAB: an explicit ``off`` baseline with a statistical, cost-aware regret guard; probation with
 exponential backoff; untried/probe scheduling; a stall-capped throughput estimate; drafter-version resets;
 mergeable state for many actors. On the simulated cost model of ``tests/tuner/test_bandit_sim.py`` (three
-buckets with three different best arms, 4,000 steps) it needs about 7-8% more time than the oracle (5-6% with
+buckets with three different best arms, 4,000 steps) it needs about 6% more time than the oracle (5-6% with
 the median estimator and quantile guard, which suit that model's near-ties between two drafting arms but
 understate drafting arms against off on the real engine), plain epsilon-greedy without the guard 19-22%,
 always-off 32%.
@@ -119,9 +133,11 @@ class BanditConfig:
 
     bucket_edges: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256])
     window: int = 64
+    off_window: int | None = None
     epsilon: float = 0.1
     min_samples_for_guard: int = 6
     min_samples_for_best: int = 4
+    best_z: float = 1.0
     guard_margin: float = 0.05
     guard_quantile: float = 0.75
     guard_rule: str = "throughput"
@@ -157,6 +173,7 @@ class BanditConfig:
         _check_num(self.epsilon, f"{p}.epsilon", 0.0, 1.0)
         _check_int(self.min_samples_for_guard, f"{p}.min_samples_for_guard", 1)
         _check_int(self.min_samples_for_best, f"{p}.min_samples_for_best", 1)
+        _check_num(self.best_z, f"{p}.best_z", 0.0, math.inf)
         _check_num(self.guard_margin, f"{p}.guard_margin", 0.0, 1.0, hi_open=True)
         _check_num(self.guard_quantile, f"{p}.guard_quantile", 0.0, 1.0, lo_open=True)
         if self.guard_rule not in GUARD_RULES:
@@ -169,6 +186,8 @@ class BanditConfig:
             _check_int(self.guard_hold, f"{p}.guard_hold", 1)
         if self.guard_max_hold is not None:
             _check_int(self.guard_max_hold, f"{p}.guard_max_hold", 1)
+        if self.off_window is not None:
+            _check_int(self.off_window, f"{p}.off_window", 1)
         _check_int(self.guard_backoff, f"{p}.guard_backoff", 0)
         _check_int(self.probe_samples, f"{p}.probe_samples", 1)
         _check_num(self.guard_regret_budget, f"{p}.guard_regret_budget", 0.0, 1.0, lo_open=True)
@@ -190,6 +209,10 @@ class BanditConfig:
     @property
     def max_hold(self) -> int:
         return self.guard_max_hold if self.guard_max_hold is not None else 8 * self.window
+
+    @property
+    def off_maxlen(self) -> int:
+        return self.off_window if self.off_window is not None else 8 * self.window
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None, source: str = "config") -> BanditConfig:
@@ -386,8 +409,10 @@ class _ArmStats:
 class _Bucket:
     __slots__ = ("arms", "obs", "off_obs")
 
-    def __init__(self, arms: Sequence[Arm], maxlen: int) -> None:
-        self.arms: dict[str, _ArmStats] = {a.name: _ArmStats(maxlen) for a in arms}
+    def __init__(self, arms: Sequence[Arm], maxlen: int, off_maxlen: int) -> None:
+        self.arms: dict[str, _ArmStats] = {
+            a.name: _ArmStats(off_maxlen if a.is_off else maxlen) for a in arms
+        }
         self.obs = 0  # observations of any arm in this bucket
         self.off_obs = 0  # observations of off in this bucket
 
@@ -414,7 +439,7 @@ class BucketedBandit:
         self._by_name: dict[str, Arm] = {a.name: a for a in self.arms}
         self._order: dict[str, int] = {a.name: i for i, a in enumerate(self.arms)}
         self.edges: list[int] = list(self.cfg.bucket_edges)
-        self._buckets = [_Bucket(self.arms, self.cfg.window) for _ in self.edges]
+        self._buckets = [_Bucket(self.arms, self.cfg.window, self.cfg.off_maxlen) for _ in self.edges]
         self._rng = random.Random(self.cfg.seed)
         self._table_version = 0
         self.dropped = 0  # remote observations that could not be used (unknown arm, bad values)
@@ -448,12 +473,22 @@ class BucketedBandit:
         return self._estimate(st) if st.window else float("nan")
 
     def _forced(self, bucket: _Bucket) -> list[str]:
-        """Not guarded and untried, on probation, or with fewer than ``min_samples_for_best`` samples; least
-        played first, then config order."""
+        """Not guarded and untried, on probation, or with fewer than ``min_samples_for_best`` samples while its
+        best sample so far is within ``guard_margin`` of off's estimate (an arm whose every sample lost to
+        off cannot become the best on a few more; the guard and epsilon deal with it); least played first,
+        then config order."""
         m = self.cfg.min_samples_for_best
-        names = [
-            n for n, st in bucket.arms.items() if not st.guarded and (st.probation > 0 or len(st.window) < m)
-        ]
+        off = bucket.arms[OFF.name]
+        bar = (1.0 - self.cfg.guard_margin) * self._estimate(off) if off.window else -math.inf
+
+        def forced(n: str, st: _ArmStats) -> bool:
+            if st.guarded:
+                return False
+            if st.probation > 0 or not st.window:
+                return True
+            return len(st.window) < m and (n == OFF.name or st.sorted_rates()[-1] >= bar)
+
+        names = [n for n, st in bucket.arms.items() if forced(n, st)]
         names.sort(key=lambda n: (bucket.arms[n].chosen, self._order[n]))
         return names
 
@@ -461,13 +496,19 @@ class BucketedBandit:
         return [n for n, st in bucket.arms.items() if st.window and not st.guarded and st.probation == 0]
 
     def _best(self, bucket: _Bucket, eligible: list[str]) -> str:
-        best, best_v = OFF.name, -math.inf
+        """Off, unless an eligible arm with at least ``min_samples_for_best`` samples beats off's estimate by
+        ``best_z`` standard errors; then the best estimate among those arms (config order on ties)."""
         m = self.cfg.min_samples_for_best
+        off = bucket.arms[OFF.name]
+        bar = self._estimate(off) if OFF.name in eligible else -math.inf
+        best, best_v = OFF.name, -math.inf
         for n in eligible:
             st = bucket.arms[n]
-            if n != OFF.name and len(st.window) < m:
+            if n == OFF.name or len(st.window) < m:
                 continue  # too little evidence to displace off (it is still explored)
             v = self._estimate(st)
+            if v - self.cfg.best_z * self._se(st) <= bar:
+                continue  # not reliably better than off
             if v > best_v:  # strict: config order wins ties
                 best, best_v = n, v
         return best
@@ -551,6 +592,15 @@ class BucketedBandit:
         return used
 
     # ------------------------------------------------------------------ guard
+    def _se(self, st: _ArmStats) -> float:
+        """Standard error of an arm's throughput: delta method, at least ``guard_cv_floor * R / sqrt(n)`` (the
+        floor alone for a single sample)."""
+        r, se = st.capped_ratio_se(self.cfg.stall_cap)
+        if not math.isfinite(r):
+            return math.inf
+        floor = self.cfg.guard_cv_floor * r / math.sqrt(len(st.window))
+        return floor if len(st.window) < 2 else max(se, floor)
+
     def _threshold(self, off: _ArmStats) -> float | None:
         """``(1 - guard_margin) * estimate(off)``, or None while off has fewer than ``min_samples_for_guard``."""
         if len(off.window) < self.cfg.min_samples_for_guard:
@@ -580,9 +630,7 @@ class BucketedBandit:
         if len(rates) < self.cfg.min_samples_for_guard:
             return False
         if self.cfg.guard_rule == "throughput":
-            r, se = st.capped_ratio_se(self.cfg.stall_cap)
-            se = max(se, self.cfg.guard_cv_floor * r / math.sqrt(len(rates)))
-            return r + self.cfg.guard_z * se < thr
+            return st.capped_ratio(self.cfg.stall_cap) + self.cfg.guard_z * self._se(st) < thr
         if self.cfg.guard_rule == "quantile":
             return _quantile(rates, self.cfg.guard_quantile) < thr
         m_a, sd_a = st.mean_sd()

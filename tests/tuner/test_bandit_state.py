@@ -90,7 +90,8 @@ def test_merge_states_of_two_actors():
         assert bm["observations"] == ba["observations"] + bb["observations"]
         for name in bm["arms"]:
             assert bm["arms"][name]["total"] == ba["arms"][name]["total"] + bb["arms"][name]["total"]
-            assert bm["arms"][name]["n"] == min(64, ba["arms"][name]["n"] + bb["arms"][name]["n"])
+            cap = merged.cfg.off_maxlen if name == "off" else merged.cfg.window  # off keeps a longer window
+            assert bm["arms"][name]["n"] == min(cap, ba["arms"][name]["n"] + bb["arms"][name]["n"])
     # the merged evidence still says: deep drafts at batch 1, off at batch 80, the bad arm guarded there
     best = merged.best_arms()
     assert best[merged.bucket_of(1)] == "learned-k16-w2-d8"

@@ -183,3 +183,24 @@ def test_an_arm_needs_min_samples_for_best_to_displace_off():
     assert bandit.estimate(16, SUFFIX) < bandit.estimate(16, OFF)  # 88 tokens / 60 ms < 1600 / s
     assert bandit.best_arms()[bk] == "off"
     assert later.best_arms()[bk] == "suffix-k8-w1"
+
+
+def test_off_keeps_a_longer_window_than_the_drafting_arms():
+    """Off gets most steps, so its estimate spans ``off_window`` (8 x window) of them: a short slow stretch of
+    off (a long response at batch 1) does not make an arm explored across many rollouts look faster."""
+    cfg = BanditConfig(window=8, epsilon=0.0, min_samples_for_guard=10**6)
+    assert cfg.off_maxlen == 64
+    bandit = BucketedBandit([OFF, SUFFIX], cfg)
+    for _ in range(56):
+        bandit.observe(1, OFF, 1, 0.010)  # 100 tokens/s over many responses
+    for _ in range(8):
+        bandit.observe(1, SUFFIX, 1.1, 0.012)  # 92 tokens/s
+        bandit.observe(1, OFF, 1, 0.0125)  # the current long response: 80 tokens/s
+    st = bandit.stats()["buckets"][0]["arms"]
+    assert st["off"]["n"] == 64 and st["suffix-k8-w1"]["n"] == 8
+    assert bandit.estimate(1, OFF) == pytest.approx(64 / (56 * 0.010 + 8 * 0.0125))
+    assert bandit.estimate(1, SUFFIX) < bandit.estimate(1, OFF)
+    short = BucketedBandit([OFF, SUFFIX], BanditConfig(**{**cfg.to_dict(), "off_window": 8}))
+    short.load_state_dict(bandit.state_dict())  # keeps off's newest 8: the slow stretch only
+    assert short.estimate(1, OFF) == pytest.approx(80.0)
+    assert short.estimate(1, SUFFIX) > short.estimate(1, OFF)  # the short slice would rank suffix first
