@@ -8,7 +8,12 @@ Contract
   slot at once and the next waiting request is prefilled into it.
 * Sampling: temperature / top-k / top-p via ``sampling.processed_probs`` (temperature 0 = greedy); stop on
   an EOS id, a stop string, or ``max_new_tokens``. Each request owns a ``torch.Generator`` seeded from its
-  ``seed``, so the same seed and prompt give the same tokens whatever else is in the batch.
+  ``seed``, so the same seed and prompt give the same tokens whatever else is in the batch. At admission it
+  draws one uniform per output position (``max_new_tokens + 1``); the token at position t is drawn with
+  uniform t, by plain decoding and by speculative verification alike (``verify_tree(coupled=True)``), so a
+  deterministic drafter (suffix, n-gram, greedy heads) changes how fast, never which, tokens are emitted
+  (up to float round-off between a verify and a decode forward). Sampled drafts (``probs`` set) are verified
+  by the sequential rule with further uniforms from the generator.
 * Speculation: per decode step the ``StrategyPolicy`` gives every request a ``Strategy``; the named drafter
   proposes a chain or tree; all requests are verified in ONE batched target forward (tree attention masks);
   ``speculative.verify.verify_tree`` applies the lossless acceptance rule; rejected KV positions are rolled
@@ -44,7 +49,7 @@ from services.rollout_actor.cuda_graphs import (
     kv_len_buckets,
 )
 from services.rollout_actor.model import Transformer
-from services.rollout_actor.sampling import draw_uniforms, processed_probs, sample_from_probs
+from services.rollout_actor.sampling import processed_probs, sample_from_probs
 from services.rollout_actor.speculative.base import Drafter, DraftRequest, DraftTree
 from services.rollout_actor.speculative.strategy import FixedPolicy, StepObservation, Strategy, StrategyPolicy
 
@@ -117,6 +122,7 @@ class _Running:
     req: GenerationRequest
     slot: int
     gen: torch.Generator
+    u_pos: torch.Tensor  # [max_new_tokens + 1] uniform of each output position (coupled sampling)
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     root: int = -1  # last sampled token, not yet in the KV cache
@@ -272,7 +278,9 @@ class Engine:
         new: list[_Running] = []
         while self.waiting and self.free_slots:
             req, arrival = self.waiting.popleft()
-            r = _Running(req=req, slot=self.free_slots.pop(), gen=self._new_generator(req))
+            gen = self._new_generator(req)
+            u_pos = torch.rand(req.params.max_new_tokens + 1, generator=gen)
+            r = _Running(req=req, slot=self.free_slots.pop(), gen=gen, u_pos=u_pos)
             r.timings.arrival_s = arrival
             new.append(r)
         if not new:
@@ -329,7 +337,7 @@ class Engine:
     def _sample_rows(self, logits: torch.Tensor, rows: list[_Running]):
         temp, top_k, top_p = self._params_tensors(rows)
         probs = processed_probs(logits, temp, top_k, top_p)
-        u = draw_uniforms([r.gen for r in rows], 1).squeeze(1).to(self.device)
+        u = torch.stack([r.u_pos[len(r.tokens)] for r in rows]).to(self.device)
         tok = sample_from_probs(probs, u)
         lp = self._logprobs(logits, temp).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
         return tok, lp
@@ -437,18 +445,27 @@ class Engine:
             top_p.view(-1, 1).expand(b, n + 1),
         )
         if n == 0:
-            u = draw_uniforms([r.gen for r in rows], 1).squeeze(1).to(dev)
+            u = torch.stack([r.u_pos[len(r.tokens)] for r in rows]).to(dev)
             nxt = sample_from_probs(probs[:, 0], u).tolist()
             paths: list[list[int]] = [[] for _ in rows]
         else:
             from services.rollout_actor.speculative.verify import verify_tree
 
-            # each request draws len(draft) + 1 uniforms from its own generator: the count must not depend on
-            # the batch (verify.py's contract), or a request's later tokens would depend on its batch mates.
+            # Deterministic drafts: the uniforms of the positions this step can reach (coupled rule: the
+            # token at position t is drawn with uniform t, as plain decoding draws it). Sampled drafts:
+            # len(draft) + 1 fresh uniforms from the request's generator for the sequential rule. Either way
+            # the count depends on the request alone (verify.py's contract), never on its batch mates.
             u = torch.zeros(b, n + 1)
             for i, (r, d) in enumerate(zip(rows, drafts)):
-                u[i, : len(d) + 1] = torch.rand(len(d) + 1, generator=r.gen)
-            res = verify_tree(probs, drafts, u, greedy=greedy)
+                k = len(d) + 1
+                if d.probs is None:
+                    seg = r.u_pos[len(r.tokens) : len(r.tokens) + k]
+                    if len(seg) < k:  # a draft past max_new_tokens (drafters get a budget that prevents it)
+                        seg = torch.cat([seg, torch.rand(k - len(seg), generator=r.gen)])
+                    u[i, :k] = seg
+                else:
+                    u[i, :k] = torch.rand(k, generator=r.gen)
+            res = verify_tree(probs, drafts, u, greedy=greedy, coupled=True)
             nxt, paths = res.next_token.tolist(), res.accepted_nodes
         # rows (in this step's input) that predicted each committed token: the root, then the accepted nodes
         rows_idx = [[0] + [p + 1 for p in path] for path in paths]

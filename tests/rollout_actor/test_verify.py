@@ -40,7 +40,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.rollout_actor.sampling import processed_probs
+from services.rollout_actor.sampling import processed_probs, sample_from_probs
 from services.rollout_actor.speculative import verify as verify_mod
 from services.rollout_actor.speculative.base import DraftTree
 from services.rollout_actor.speculative.verify import (
@@ -486,8 +486,9 @@ def test_verify_tree_matches_reference_cell_by_cell(case: Case):
 # --------------------------------------------------------------------------------------------------------------
 
 
-def mc_counts(case: Case, n: int, seed: int) -> Counter:
-    """Empirical counts of the first ``length`` tokens of n speculative generations from ``case.mc_root``."""
+def mc_counts(case: Case, n: int, seed: int, coupled: bool = False) -> Counter:
+    """Empirical counts of the first ``length`` tokens of n speculative generations from ``case.mc_root``
+    (``coupled``: the coupled point-mass rule, fresh uniforms per depth)."""
     d = case.drafter
     gen = torch.Generator().manual_seed(seed)
     target_table = case.P.float()
@@ -501,7 +502,7 @@ def mc_counts(case: Case, n: int, seed: int) -> Counter:
         toks = d.sample(root, gen)
         target = target_table[torch.cat([root[:, None], toks], 1)]
         u = torch.rand(active.numel(), len(d.parents) + 1, generator=gen)
-        res = verify_tree(target, d.trees(root, toks), u)
+        res = verify_tree(target, d.trees(root, toks), u, coupled=coupled)
         # Emitted tokens of this step, left-aligned: accepted path tokens, then the next token.
         n_acc = res.num_accepted
         path = torch.tensor(
@@ -543,10 +544,13 @@ def chi_square_pvalue(counts: Counter, probs: dict[tuple[int, ...], float], n: i
     return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat / 2))
 
 
+@pytest.mark.parametrize("coupled", [False, True], ids=["sequential", "coupled"])
 @pytest.mark.parametrize("idx", range(len(CASES)), ids=[c.name for c in CASES])
-def test_monte_carlo_joint(idx: int):
+def test_monte_carlo_joint(idx: int, coupled: bool):
+    """Both forms of the rule; with ``coupled`` the deterministic drafters take the coupled form and the sampled
+    ones the sequential rule, mixed in one batch call where a case mixes them."""
     case = CASES[idx]
-    counts = mc_counts(case, MC_SAMPLES, seed=1000 + idx)
+    counts = mc_counts(case, MC_SAMPLES, seed=1000 + idx + 7919 * coupled, coupled=coupled)
     assert sum(counts.values()) == MC_SAMPLES
     pval = chi_square_pvalue(counts, plain_joint(case.P, case.length, case.mc_root), MC_SAMPLES)
     assert pval > P_VALUE_MIN, f"chi-square p-value {pval:.2e}"
@@ -750,6 +754,116 @@ def test_empty_drafts_sample_from_root():
     assert res.accepted_nodes == [[], []]
     assert res.next_token.tolist() == [1, 0]  # inverse CDF at 0.2 of [0, .25, .75] is token 1
     assert res.num_accepted.tolist() == [0, 0]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 5b. The coupled form: same tokens as plain sampling with position-keyed uniforms
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _decode_bigram(
+    P: torch.Tensor, drafter: TinyDrafter | None, u: torch.Tensor, coupled: bool
+) -> list[list[int]]:
+    """Decode ``u.shape[1]`` tokens per row from root token 0 of bigram table P, the token at output position t
+    drawn with ``u[:, t]``: plainly (``drafter`` None: inverse CDF of P[last] at u[t]) or speculatively (each
+    step verifies the drafter's tree with the uniforms of the positions it can reach)."""
+    n, L = u.shape
+    N = 0 if drafter is None else len(drafter.parents)
+    table = P.float()
+    gen = torch.Generator().manual_seed(3)
+    out: list[list[int]] = [[] for _ in range(n)]
+    last = torch.zeros(n, dtype=torch.long)
+    while any(len(o) < L for o in out):
+        act = torch.tensor([i for i in range(n) if len(out[i]) < L])
+        pos = torch.tensor([len(out[i]) for i in act.tolist()])
+        cols = (pos.unsqueeze(1) + torch.arange(N + 1)).clamp(max=L - 1)  # the positions this step may reach
+        uu = u[act.unsqueeze(1), cols]
+        root = last[act]
+        if drafter is None:
+            toks, trees = torch.zeros(len(act), 0, dtype=torch.long), [DraftTree() for _ in act]
+        else:
+            toks = drafter.sample(root, gen)
+            trees = drafter.trees(root, toks)
+        target = table[torch.cat([root[:, None], toks], 1)]
+        res = verify_tree(target, trees, uu, coupled=coupled)
+        for j, i in enumerate(act.tolist()):
+            emitted = [trees[j].tokens[k] for k in res.accepted_nodes[j]] + [int(res.next_token[j])]
+            out[i] += emitted[: L - len(out[i])]
+            last[i] = out[i][-1]
+    return out
+
+
+@pytest.mark.parametrize(
+    "name", ["chain4_point_argmax_topk", "tree_d3_random_point", "tree_w3d2_least_likely_topk"]
+)
+def test_coupled_rule_emits_the_tokens_of_plain_sampling(name: str):
+    """With the uniform of output position t used for the token at t, a deterministic drafter's output is plain
+    sampling's, token for token (the table rows are exact here; in the engine only float round-off between a
+    verify forward and a decode forward can differ). The sequential rule with the same uniforms is as lossless
+    but emits other tokens (negative control: the test can tell them apart)."""
+    case = next(c for c in CASES if c.name == name)
+    u = torch.rand(300, 8, generator=torch.Generator().manual_seed(21))
+    plain = _decode_bigram(case.P, None, u, coupled=False)
+    assert _decode_bigram(case.P, None, u, coupled=True) == plain  # no draft: both rules are one draw at u[0]
+    coupled = _decode_bigram(case.P, case.drafter, u, coupled=True)
+    assert coupled == plain
+    sequential = _decode_bigram(case.P, case.drafter, u, coupled=False)
+    assert sum(a != b for a, b in zip(sequential, plain)) > 30
+
+
+def test_coupled_chain_fast_path_equals_walk_and_mixed_batches_split_by_rule():
+    target, tokens, num, q, use_q, greedy, u, trees = _random_chain_batch(13)
+    walked = verify_mod._verify_tree_impl(target, trees, u, greedy, chain_fast_path=False, coupled=True)
+    fast = verify_tree(target, trees, u, greedy, coupled=True)
+    assert walked.accepted_nodes == fast.accepted_nodes
+    assert torch.equal(walked.next_token, fast.next_token)
+    assert any(len(a) >= 3 for a in fast.accepted_nodes)
+    sequential = verify_tree(target, trees, u, greedy)
+    point = [b for b in range(len(trees)) if trees[b].probs is None]
+    alone = verify_tree(target[point], [trees[b] for b in point], u[point], greedy[point], coupled=True)
+    differs = 0
+    for b in range(len(trees)):
+        if trees[b].probs is not None or bool(
+            greedy[b]
+        ):  # sampled drafts keep the sequential rule; greedy is one rule
+            assert fast.accepted_nodes[b] == sequential.accepted_nodes[b]
+            assert int(fast.next_token[b]) == int(sequential.next_token[b])
+        else:
+            j = point.index(b)
+            assert fast.accepted_nodes[b] == alone.accepted_nodes[j]
+            assert int(fast.next_token[b]) == int(alone.next_token[j])
+            differs += (fast.accepted_nodes[b], int(fast.next_token[b])) != (
+                sequential.accepted_nodes[b],
+                int(sequential.next_token[b]),
+            )
+    assert differs > 10  # the point-mass rows really took the other (coupled) form
+
+
+def test_coupled_tree_walk_accepts_the_child_drawn_at_each_depth():
+    g = torch.Generator().manual_seed(17)
+    vocab, B, N = 3, 300, 7
+    target = torch.softmax(torch.randn(B, N + 1, vocab, generator=g) * 2, -1)
+    trees = [
+        _random_tree(g, vocab, int(torch.randint(0, N + 1, (1,), generator=g)), width=3) for _ in range(B)
+    ]
+    u = torch.rand(B, N + 1, generator=g)
+    res = verify_tree(target, trees, u, coupled=True)
+    _check_result_consistency(res)
+    deep = 0
+    for b, t in enumerate(
+        trees
+    ):  # reference: draw at each depth, descend into the first child with that token
+        node, path = -1, []
+        while True:
+            y = int(sample_from_probs(target[b, node + 1][None], u[b, len(path)][None]))
+            kids = [c for c, par in enumerate(t.parents) if par == node and t.tokens[c] == y]
+            if not kids:
+                break
+            node = kids[0]
+            path.append(node)
+        assert (res.accepted_nodes[b], int(res.next_token[b])) == (path, y)
+        deep += len(path) >= 2
+    assert deep > 10
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -37,6 +37,23 @@ The rule, per request, starting at the root with ``p = target_probs[b, 0]``:
 * **Greedy** requests (``greedy[b]``): accept a child iff its token is ``argmax p`` of the current node's
   target row (ties -> lowest id), siblings tried in order; ``next_token = argmax p``. No uniforms are used.
 
+Coupled form of the point-mass rule (``coupled=True``; what the engine uses)
+-----------------------------------------------------------------------------
+For a request whose draft is all point masses (``tree.probs is None``), draw ``y`` from the current node's
+target row by inverse CDF with the uniform of that *depth* (``uniforms[b, d]``, d = 0 at the root); if a child
+of the current node has token y, accept it and go on one level deeper; otherwise y is the next token and the
+step ends. This is the rule above, only computed differently: a child x_j is accepted with probability
+p(x_j) (for siblings tried in order, (1 - sum of earlier siblings) * p(x_j) / (1 - sum of earlier siblings));
+after rejecting every child the next token is distributed as p without those children, renormalized, which
+is the point-mass residual applied sibling by sibling. So every emitted token is exactly a draw from p at its
+position. What coupling adds: the token at output position t is a function of the target row there and of
+``u_t`` only, whatever was drafted. With uniforms keyed by output position (the engine's per-request buffer),
+speculative decoding with any deterministic drafter emits the *same tokens* as plain sampling with the same
+seed, up to float round-off between a batched verify forward and a one-token decode (a flip needs ``u_t``
+within ~1e-6 of a CDF boundary). That makes lossless a per-token identity one can check, and makes makespans
+of different drafters comparable on identical work. Requests with sampled drafts (``probs`` set) keep the
+sequential rule above, with their row of ``uniforms`` as the sequential rule reads it.
+
 Uniforms (reproducibility)
 --------------------------
 Request b consumes its own row ``uniforms[b]`` in a fixed order: ``uniforms[b, j]`` decides its j-th accept
@@ -311,6 +328,7 @@ def verify_tree(
     drafts: list[DraftTree],
     uniforms: torch.Tensor,
     greedy: torch.Tensor | None = None,
+    coupled: bool = False,
 ) -> VerifyResult:
     """Verify a batch of draft trees (chains included) losslessly; see the module docstring for the rule.
 
@@ -323,6 +341,8 @@ def verify_tree(
         drafts: B ``DraftTree`` s with ``len(drafts[b]) <= N``; ``probs`` (if set) ``[len, V]``.
         uniforms: ``[B, M]`` per-request uniforms in [0, 1), ``M >= max_b len(drafts[b]) + 1``.
         greedy: ``[B]`` bool or None.
+        coupled: point-mass requests use the coupled form of the rule (``uniforms[b, d]`` = the uniform of
+            depth d; module docstring); requests with ``probs`` keep the sequential rule.
 
     Returns:
         ``VerifyResult``.
@@ -332,7 +352,7 @@ def verify_tree(
             ``len(parents) != len(tokens)``, parents not topological, token ids outside ``[0, V)``, probs not
             ``[len, V]``, uniforms not ``[B, M]`` or too short, greedy not ``[B]``).
     """
-    return _verify_tree_impl(target_probs, drafts, uniforms, greedy, chain_fast_path=True)
+    return _verify_tree_impl(target_probs, drafts, uniforms, greedy, chain_fast_path=True, coupled=coupled)
 
 
 def _verify_tree_impl(
@@ -341,6 +361,7 @@ def _verify_tree_impl(
     uniforms: torch.Tensor,
     greedy: torch.Tensor | None,
     chain_fast_path: bool,
+    coupled: bool = False,
 ) -> VerifyResult:
     if target_probs.dim() != 3:
         raise ValueError(f"verify_tree: target_probs must be [B, N+1, V], got {tuple(target_probs.shape)}")
@@ -391,10 +412,96 @@ def _verify_tree_impl(
         node_idx = valid[has_probs].nonzero()  # [total nodes, 2]: (index into with_probs, node)
         q[torch.tensor(with_probs, dtype=torch.long, device=dev)[node_idx[:, 0]], node_idx[:, 1]] = rows
 
-    if chain_fast_path and bool(((parents == pos - 1) | ~valid).all()):
-        return _chain_core(target_probs[:, : n_max + 1], tokens, lens_t, q, has_probs, uniforms, greedy_t)
-    iid = torch.tensor([t.iid_siblings for t in drafts], dtype=torch.bool, device=dev)
-    return _walk(target_probs, tokens, parents, valid, q, has_probs, iid, uniforms, greedy_t)
+    is_chain = bool(((parents == pos - 1) | ~valid).all())
+    seq: VerifyResult | None = None
+    if not coupled or with_probs:  # the sequential rule (for every request, or for those with sampled drafts)
+        if chain_fast_path and is_chain:
+            seq = _chain_core(target_probs[:, : n_max + 1], tokens, lens_t, q, has_probs, uniforms, greedy_t)
+        else:
+            iid = torch.tensor([t.iid_siblings for t in drafts], dtype=torch.bool, device=dev)
+            seq = _walk(target_probs, tokens, parents, valid, q, has_probs, iid, uniforms, greedy_t)
+        if not coupled or len(with_probs) == B:
+            return seq
+    if chain_fast_path and is_chain:
+        res = _coupled_chain(target_probs[:, : n_max + 1], tokens, lens_t, uniforms, greedy_t)
+    else:
+        res = _coupled_walk(target_probs, tokens, parents, valid, uniforms, greedy_t)
+    if seq is None:
+        return res
+    # mixed batch: requests with sampled drafts take the sequential result
+    nodes = [
+        seq.accepted_nodes[b] if t.probs is not None else res.accepted_nodes[b] for b, t in enumerate(drafts)
+    ]
+    return VerifyResult(
+        nodes,
+        torch.where(has_probs, seq.next_token, res.next_token),
+        torch.where(has_probs, seq.num_accepted, res.num_accepted),
+    )
+
+
+def _sample_or_argmax(p: torch.Tensor, u: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
+    """``[N]`` tokens: inverse-CDF draws from rows ``p [N, V]`` with ``u [N]``; argmax where ``greedy [N]``."""
+    y = sample_from_probs(p, u)
+    return torch.where(greedy, p.argmax(-1), y) if bool(greedy.any()) else y
+
+
+def _coupled_chain(
+    target_probs: torch.Tensor,
+    tokens: torch.Tensor,
+    num_draft: torch.Tensor,
+    uniforms: torch.Tensor,
+    greedy: torch.Tensor,
+) -> VerifyResult:
+    """Coupled rule for chains, vectorized: draw every depth's token at once, accept the matching prefix."""
+    B, R, V = target_probs.shape
+    K = R - 1
+    dev = target_probs.device
+    u = uniforms.to(dev)[:, :R]
+    if u.shape[1] < R:  # depths past M are never reached (M >= max(num_draft) + 1)
+        u = torch.cat([u, u.new_zeros(B, R - u.shape[1])], 1)
+    g = greedy.view(B, 1).expand(B, R).reshape(-1)
+    y = _sample_or_argmax(target_probs.reshape(B * R, V), u.reshape(-1), g).view(B, R)
+    valid = torch.arange(K, device=dev).unsqueeze(0) < num_draft.to(dev).unsqueeze(1)
+    n = ((y[:, :K] == tokens) & valid).long().cumprod(1).sum(1) if K else torch.zeros(B, dtype=torch.long)
+    next_token = y[torch.arange(B, device=dev), n]
+    return VerifyResult([list(range(k)) for k in n.tolist()], next_token.long(), n)
+
+
+def _coupled_walk(
+    target_probs: torch.Tensor,
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    valid: torch.Tensor,
+    uniforms: torch.Tensor,
+    greedy: torch.Tensor,
+) -> VerifyResult:
+    """Coupled rule for trees: one draw per depth; descend into the first child whose token matches it."""
+    B, n_max = tokens.shape
+    dev = target_probs.device
+    ar = torch.arange(B, device=dev)
+    u_all = uniforms.to(dev)
+    slot = torch.zeros(B, dtype=torch.long, device=dev)  # 0 = root, 1 + i = node i
+    depth = torch.zeros(B, dtype=torch.long, device=dev)
+    walking = torch.ones(B, dtype=torch.bool, device=dev)
+    next_token = torch.zeros(B, dtype=torch.long, device=dev)
+    path = torch.full((B, max(n_max, 1)), -1, dtype=torch.long, device=dev)
+    for _ in range(n_max + 1):
+        y = _sample_or_argmax(target_probs[ar, slot], u_all[ar, depth], greedy)
+        match = valid & (parents == (slot - 1).unsqueeze(1)) & (tokens == y.unsqueeze(1))
+        has = match.any(1) & walking
+        stop = walking & ~has
+        next_token = torch.where(stop, y, next_token)
+        walking = has
+        if not bool(walking.any()):
+            break
+        node = match.long().argmax(1)  # first matching child in tree order
+        idx = walking.nonzero().squeeze(1)
+        path[idx, depth[idx]] = node[idx]
+        slot = torch.where(walking, node + 1, slot)
+        depth = depth + walking.long()
+    depth_list = depth.tolist()
+    path_list = path.tolist()
+    return VerifyResult([path_list[b][: depth_list[b]] for b in range(B)], next_token.long(), depth)
 
 
 def _walk(
