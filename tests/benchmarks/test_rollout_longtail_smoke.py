@@ -144,3 +144,21 @@ def test_adaptive_warm_and_cold(result):
             assert isinstance(v[f"{tag}_not_worse_than_plain"], bool)
     assert res["settings"]["tuner_clock"] in ("thread", "engine")
     assert res["lengths"]["adaptive-cold"]["responses"] == 32
+
+
+def test_deterministic_drafters_decode_plain_tokens(result):
+    """Coupled verification: suffix and n-gram arms emit plain's tokens (the benchmark compares equal work);
+    HF generate samples with its own RNG, so it is not comparable (None)."""
+    res, _ = result
+    for b, row in res["results"].items():
+        assert row["plain"]["identical_to_plain"] == 1.0
+        for c, d in row.items():
+            if c.startswith(("suffix", "ngram")):
+                assert d["identical_to_plain"] is not None and d["identical_to_plain"] >= 0.9, (b, c)
+            if c.startswith("hf-"):
+                assert d["identical_to_plain"] is None
+        v = res["verdicts"][b]
+        assert close(
+            v["adaptive_over_best_fixed_min"],
+            row["adaptive"]["makespan_s_min"] / v["best_fixed_makespan_s_min"],
+        )
