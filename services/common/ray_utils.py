@@ -9,14 +9,28 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
+import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
 
-def init_ray(address: str | None = None, num_cpus: int | None = None, temp_dir: str | None = None) -> str:
+def init_ray(
+    address: str | None = None,
+    num_cpus: int | None = None,
+    temp_dir: str | None = None,
+    start_attempts: int = 3,
+) -> str:
     """Join ``address`` (or ``$RAY_ADDRESS``, or ``auto``) if given, else start a local cluster.
 
+    A local start is tried up to ``start_attempts`` times: on a loaded machine the raylet can miss Ray's
+    start-up deadline ("node timed out during startup"); each retry shuts the half-started node down first
+    and says so on stderr. Joining an existing cluster is not retried (a wrong address should fail at once).
+
     Returns a short description of what happened. Idempotent when Ray is already initialized.
+
+    Raises:
+        RuntimeError / Exception from ``ray.init`` when the last attempt fails.
     """
     import ray
 
@@ -36,7 +50,20 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, temp_dir: 
     )
     if temp_dir:
         kw["_temp_dir"] = temp_dir
-    ray.init(**kw)
+    for attempt in range(1, max(1, start_attempts) + 1):
+        try:
+            ray.init(**kw)
+            break
+        except Exception as e:  # noqa: BLE001 - RuntimeError or Exception("node timed out during startup")
+            ray.shutdown()
+            if attempt >= start_attempts:
+                raise
+            print(
+                f"[tailspec] local Ray start-up failed (attempt {attempt}/{start_attempts}: {e}); retrying",
+                file=sys.stderr,
+                flush=True,
+            )
+            time.sleep(2.0 * attempt)
     return f"started local Ray cluster ({kw['num_cpus']} CPUs)"
 
 
