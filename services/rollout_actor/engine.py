@@ -386,7 +386,9 @@ class Engine:
     # ------------------------------------------------------------------ decode / speculate
     def _decode_step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
-        rows = list(self.running)
+        # in slot order: a full batch then occupies consecutive slots and the forward reads the KV cache as a
+        # view instead of gathering a copy per layer
+        rows = sorted(self.running, key=lambda r: r.slot)
         b = len(rows)
         dreqs = [
             DraftRequest(
