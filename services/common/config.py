@@ -104,9 +104,13 @@ class TunerSection:
     With ``enabled`` the rollout actors ignore ``rollout.speculative.drafter`` and follow the tuner's table.
     ``arms``: list of {drafter, max_draft_tokens, tree_width, tree_depth} (null = the shipped defaults, minus
     drafters the run does not have); ``bandit``: BanditConfig fields; ``budgets``: BudgetConfig fields.
+    ``learned_min_top1``: the learned drafter's arms (``learned``, ``hybrid``) stay out of the strategy table
+    until the spot trainer's latest top-1 accuracy (the head predicting the policy's next token on fresh
+    hidden states) reaches it; before that, probing an untrained head only slows rollouts. 0 = always in.
     """
 
     enabled: bool = True
+    learned_min_top1: float = 0.5
     arms: list[Any] | None = None
     bandit: dict[str, Any] = field(default_factory=dict)
     budgets: dict[str, Any] = field(default_factory=dict)
@@ -210,6 +214,7 @@ def _validate(cfg: Config) -> None:
         ),
         ("rollout.speculative.tree_width", cfg.rollout.speculative.tree_width >= 1, "must be >= 1"),
         ("spot.replicas", cfg.spot.replicas is None or cfg.spot.replicas >= 1, "must be >= 1 or null"),
+        ("tuner.learned_min_top1", 0 <= cfg.tuner.learned_min_top1 <= 1, "must be in [0, 1]"),
         ("coordinator.port", 0 <= cfg.coordinator.port <= 65535, "must be in 0..65535"),
         ("coordinator.heartbeat_interval_s", cfg.coordinator.heartbeat_interval_s > 0, "must be > 0"),
         (

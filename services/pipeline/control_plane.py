@@ -101,6 +101,7 @@ class ControlPlane:
         self.spot_grants: list[dict] = []  # grants of the last rollout phase (their PreemptResponse dicts)
         self.spot_restarts = 0
         self.drafter_version = 0
+        self.learned_top1: float | None = None  # the spot trainer's latest top-1 accuracy (None: not trained)
 
     # ------------------------------------------------------------------ start / stop
     def start(self) -> None:
@@ -125,7 +126,7 @@ class ControlPlane:
             top_k=cfg.rollout.top_k,
             max_new_tokens=cfg.rollout.max_new_tokens,
         )
-        table = self.tuner_client.table() if self.tuner_client is not None else None
+        table = self.strategy_table() if self.tuner_client is not None else None
         self.worker_ids = list(range(n))
         self.rollout = ActorPool.create(
             RolloutWorker,
@@ -431,9 +432,24 @@ class ControlPlane:
         return [results[i] for i in sorted(results)], trained, phase_end
 
     # ------------------------------------------------------------------ phase boundary
+    def gated_drafters(self) -> list[str]:
+        """Drafters kept out of the table: the learned drafter's (``learned``, ``hybrid``) while the spot
+        trainer's latest top-1 accuracy is below ``tuner.learned_min_top1`` (or it has not trained yet)."""
+        learned = [d for d in ("learned", "hybrid") if d in self.available_drafters]
+        bar = self.cfg.tuner.learned_min_top1
+        if not learned or bar <= 0 or (self.learned_top1 is not None and self.learned_top1 >= bar):
+            return []
+        return learned
+
+    def strategy_table(self) -> dict:
+        """The tuner's merged table, gated (``gated_drafters``)."""
+        from services.tuner.bandit import gate_table
+
+        return gate_table(self.tuner_client.table(), self.gated_drafters())
+
     def tune(self, results: list[ShardResult]) -> dict:
         """The tuner's merged table to every rollout actor (gRPC); the row's tuner statistics."""
-        table = self.tuner_client.table()
+        table = self.strategy_table()
         for c in self.rollout_clients:
             c.set_table(table)
         stats = self.tuner_client.status()
@@ -445,6 +461,7 @@ class ControlPlane:
         chosen = sum(b["chosen"] for b in buckets)
         return {
             "table_version": table["version"],
+            "gated_drafters": self.gated_drafters(),
             "observations": sum(res.observations_reported for res in results),
             "choices": choices,
             "best_by_bucket": {bucket_name(b): b["best"] for b in buckets},
@@ -478,6 +495,8 @@ class ControlPlane:
                 c.load_drafter(dv, path)
             self.drafter_version = dv
             trained = [g for g in self.spot_grants if g.get("steps_in_grant", 0) > 0]
+            if trained[-1].get("top1") is not None:
+                self.learned_top1 = float(trained[-1]["top1"])
             out.update(
                 spot_train_steps=sum(g["steps_in_grant"] for g in self.spot_grants),
                 spot_top1=trained[-1].get("top1"),

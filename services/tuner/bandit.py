@@ -866,6 +866,28 @@ class BucketedBandit:
         return taken
 
 
+def gate_table(table: Mapping[str, Any], drafters: Iterable[str]) -> dict[str, Any]:
+    """A copy of a strategy table (``BucketedBandit.table()``) in which no bucket plays an arm of ``drafters``:
+    they leave ``explore`` and ``probe``, and a ``best`` among them becomes ``off``; the bucket lists them
+    under ``gated``. The bandit's statistics are untouched, so lifting the gate restores its table. Used to keep
+    an untrained learned drafter out of rollouts (``tuner.learned_min_top1``)."""
+    drop = set(drafters)
+    if not drop:
+        return dict(table)
+    gated = {n for n, d in table["arms"].items() if d.get("drafter") in drop}
+    buckets = []
+    for b in table["buckets"]:
+        nb = dict(b)
+        nb["explore"] = [n for n in b.get("explore", []) if n not in gated]
+        nb["probe"] = [n for n in b.get("probe", []) if n not in gated]
+        if nb["best"] in gated:
+            nb["best"] = OFF.name
+            nb["explore"] = [n for n in nb["explore"] if n != OFF.name]
+        nb["gated"] = sorted(gated)
+        buckets.append(nb)
+    return {**table, "buckets": buckets}
+
+
 class TablePolicy:
     """In-process copy of the tuner's strategy table, used by a rollout actor every decode step (no RPC).
 
