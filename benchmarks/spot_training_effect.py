@@ -20,7 +20,11 @@ from benchmarks.runs import train_rows
 
 
 def _run(run_dir: Path, steps: int, spot: bool, extra: list[str]) -> list[dict]:
-    return train_rows(run_dir, steps, [f"spot.enabled={str(spot).lower()}", *extra])
+    # tuner.learned_min_top1=0: the learned arms stay in the table from step 1 (by default they are gated until
+    # the head is good enough, and this benchmark would then have no learned drafts to measure)
+    return train_rows(
+        run_dir, steps, [f"spot.enabled={str(spot).lower()}", "tuner.learned_min_top1=0", *extra]
+    )
 
 
 def _curve(rows: list[dict]) -> list[dict]:
