@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -189,6 +190,33 @@ def test_chi_square_has_power(model):
     assert chi_square_pvalue(counts, probs, N) < 1e-4
 
 
+def _plain_and_spec(m, params: SamplingParams, n: int, strategy: Strategy, drafter):
+    """The same n requests (3-token prompts over a 16-token vocabulary, problem ids mod 3) decoded plainly and
+    with ``strategy``; request i gets seed ``params.seed + i``. Returns (plain outputs, speculative outputs)."""
+
+    def reqs():
+        return [
+            GenerationRequest(
+                str(i),
+                [i % 16, (i * 3) % 16, 5],
+                dataclasses.replace(params, seed=None if params.seed is None else params.seed + i),
+                problem_id=str(i % 3),
+            )
+            for i in range(n)
+        ]
+
+    plain = Engine(m, max_batch_size=4, max_seq_len=128, eos_token_ids=[]).generate(reqs())
+    eng = Engine(
+        m,
+        max_batch_size=4,
+        max_seq_len=128,
+        eos_token_ids=[],
+        drafters={strategy.drafter: drafter},
+        policy=FixedPolicy(strategy),
+    )
+    return plain, eng.generate(reqs())
+
+
 @pytest.mark.parametrize(
     "strategy, drafter",
     [
@@ -201,28 +229,7 @@ def test_chi_square_has_power(model):
 )
 def test_greedy_speculation_equals_plain(strategy, drafter):
     m = init_weights(Transformer(tiny_config(vocab_size=16)), seed=0, std=0.5).eval()
-
-    def reqs():
-        return [
-            GenerationRequest(
-                str(i),
-                [i % 16, (i * 3) % 16, 5],
-                SamplingParams(0.0, max_new_tokens=40),
-                problem_id=str(i % 3),
-            )
-            for i in range(12)
-        ]
-
-    plain = Engine(m, max_batch_size=4, max_seq_len=128, eos_token_ids=[]).generate(reqs())
-    eng = Engine(
-        m,
-        max_batch_size=4,
-        max_seq_len=128,
-        eos_token_ids=[],
-        drafters={strategy.drafter: drafter},
-        policy=FixedPolicy(strategy),
-    )
-    spec = eng.generate(reqs())
+    plain, spec = _plain_and_spec(m, SamplingParams(0.0, max_new_tokens=40), 12, strategy, drafter)
     assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
     assert sum(o.spec.drafted for o in spec) > 0
     for a, b in zip(spec, plain):  # logprobs are those of the target, whatever path produced the token
@@ -244,28 +251,8 @@ def test_sampling_with_a_deterministic_drafter_emits_plain_tokens(strategy, draf
     decode forwards could flip a token whose uniform sits on a CDF boundary; at these sizes none does, and the
     assertion allows one response in 24 to diverge after a common prefix."""
     m = init_weights(Transformer(tiny_config(vocab_size=16)), seed=0, std=0.5).eval()
-
-    def reqs():
-        return [
-            GenerationRequest(
-                str(i),
-                [i % 16, (i * 3) % 16, 5],
-                SamplingParams(0.9, top_k=12, max_new_tokens=40, seed=100 + i),
-                problem_id=str(i % 3),
-            )
-            for i in range(24)
-        ]
-
-    plain = Engine(m, max_batch_size=4, max_seq_len=128, eos_token_ids=[]).generate(reqs())
-    eng = Engine(
-        m,
-        max_batch_size=4,
-        max_seq_len=128,
-        eos_token_ids=[],
-        drafters={strategy.drafter: drafter},
-        policy=FixedPolicy(strategy),
-    )
-    spec = eng.generate(reqs())
+    params = SamplingParams(0.9, top_k=12, max_new_tokens=40, seed=100)
+    plain, spec = _plain_and_spec(m, params, 24, strategy, drafter)
     same = sum(a.token_ids == b.token_ids for a, b in zip(spec, plain))
     assert same >= len(plain) - 1, same
     assert sum(o.spec.drafted for o in spec) > 0
