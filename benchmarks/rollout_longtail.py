@@ -79,6 +79,7 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import hashlib
 import json
 import math
 import os
@@ -257,8 +258,6 @@ class RunResult:
 
 def token_digest(ids: list[int]) -> str:
     """Short hash of a response's token ids (compared across configurations of one repetition)."""
-    import hashlib
-
     return hashlib.blake2b(json.dumps(ids).encode(), digest_size=8).hexdigest()
 
 
@@ -732,8 +731,6 @@ def acceptance_ceiling(
 
 
 def _sha256_16(path: Path) -> str | None:
-    import hashlib
-
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
     except OSError:
@@ -772,6 +769,7 @@ def aggregate(runs: list[RunResult], configs: list[str], batch_sizes: list[int])
     for b in batch_sizes:
         row: dict = {}
         by_rep: dict[str, dict[int, dict]] = {}
+        plains = {r.rep: r for r in runs if r.config == PLAIN and r.batch_size == b}
         for c in configs:
             rs = [s for s in summ if s["config"] == c and s["batch_size"] == b]
             if not rs:
@@ -781,7 +779,6 @@ def aggregate(runs: list[RunResult], configs: list[str], batch_sizes: list[int])
             d["reps"] = len(rs)
             d["makespan_s_all"] = [round(r["makespan_s"], 4) for r in rs]
             d["makespan_s_min"] = min(r["makespan_s"] for r in rs)
-            plains = {r.rep: r for r in runs if r.config == PLAIN and r.batch_size == b}
             same = [
                 identical_fraction(r, plains.get(r.rep)) for r in runs if r.config == c and r.batch_size == b
             ]

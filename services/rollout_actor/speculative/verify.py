@@ -456,13 +456,11 @@ def _coupled_chain(
     B, R, V = target_probs.shape
     K = R - 1
     dev = target_probs.device
-    u = uniforms.to(dev)[:, :R]
-    if u.shape[1] < R:  # depths past M are never reached (M >= max(num_draft) + 1)
-        u = torch.cat([u, u.new_zeros(B, R - u.shape[1])], 1)
+    u = uniforms.to(dev)[:, :R]  # M >= R: checked by the caller (rows were cut to the longest draft + 1)
     g = greedy.view(B, 1).expand(B, R).reshape(-1)
     y = _sample_or_argmax(target_probs.reshape(B * R, V), u.reshape(-1), g).view(B, R)
     valid = torch.arange(K, device=dev).unsqueeze(0) < num_draft.to(dev).unsqueeze(1)
-    n = ((y[:, :K] == tokens) & valid).long().cumprod(1).sum(1) if K else torch.zeros(B, dtype=torch.long)
+    n = ((y[:, :K] == tokens) & valid).long().cumprod(1).sum(1) if K else y.new_zeros(B)
     next_token = y[torch.arange(B, device=dev), n]
     return VerifyResult([list(range(k)) for k in n.tolist()], next_token.long(), n)
 
