@@ -35,8 +35,9 @@ Contract
 - ``choose(b)``: (1) an arm that is not guarded and is untried, on probation (see the guard), or has fewer
   than ``min_samples_for_best`` (4) samples in this bucket's window while one of them came within
   ``guard_margin`` of off's estimate (under-sampled but promising) is played first, least-played first,
-  config order on ties (a rollout actor's ``TablePolicy`` plays each such arm once per table version); (2) else with probability ``epsilon`` a uniformly drawn *eligible* arm other than the
-  current best (exploration); (3) else the greedy arm: off, unless an eligible arm with at least
+  config order on ties (a rollout actor's ``TablePolicy`` plays each such arm once per table version); (2) else
+  an *eligible* arm a other than the current best with probability ``explore_p(a)`` (exploration, see below);
+  (3) else the greedy arm: off, unless an eligible arm with at least
   ``min_samples_for_best`` samples is *reliably* better than off, i.e. its estimate minus ``best_z`` (1)
   standard errors of its throughput (the throughput guard's standard error, floored at
   ``guard_cv_floor * R / sqrt(n)``) still beats off's estimate; among those, the best estimate (config
@@ -51,6 +52,23 @@ Contract
   one standard error (~6% with a full window of drafting steps, ~25% with four samples); between arms that
   do, the point estimates decide.
 - ``observe(b, arm, committed_tokens, seconds)``: one decode step's result.
+
+Exploration with a regret budget
+--------------------------------
+Plain epsilon-greedy spends ``epsilon`` of the steps on the other arms whatever they cost. Where they are
+near-ties (batch 1 on the default policy: suffix and n-gram arms within ~10% of each other) that is the price
+of tracking the best; where they are clearly worse (batch >= 16: a drafting step costs 1.5-2x an ``off`` step
+for ~1.35 tokens per request) it was a fixed ~3-5% of the bucket's time, measured on the long-tail benchmark.
+So each of the n explorable arms gets ``epsilon / n``, capped by its share of ``explore_regret_budget`` (B):
+
+    explore_p(a) = min(epsilon / n, B / (n * c_a)),   c_a = estimate(best) / estimate(a) - 1
+
+c_a is the extra time per committed token of a over the best (0.5: a's tokens take 1.5x as long), so the
+expected extra time of exploration, sum_a explore_p(a) * c_a, is at most B (default 1%) of the bucket's time,
+and an arm as good as the best (c_a <= 0) keeps the full ``epsilon / n``, as does an arm with fewer than
+``min_samples_for_guard`` samples (its cost is not known yet, and the guard needs those samples). ``explore_regret_budget = None``
+gives plain epsilon-greedy. The guard below still removes arms that are reliably worse than ``off``; the
+budget prices the rest.
 
 Regret guard ("reliably below off")
 -----------------------------------
@@ -101,13 +119,12 @@ and batches observations; ``drain_observations()`` gives them back, and the cent
 ingests them with ``merge()`` (a list of observation dicts); ``merge()`` also takes another bandit's
 ``state_dict()``. ``state_dict()`` / ``load_state_dict()`` checkpoint and restore (JSON-serializable).
 
-Beyond BEG-MAB: an explicit ``off`` baseline with a statistical, cost-aware regret guard; probation with
-exponential backoff; untried/probe scheduling; a stall-capped throughput estimate; drafter-version resets;
-mergeable state for many actors. On the simulated cost model of ``tests/tuner/test_bandit_sim.py`` (three
-buckets with three different best arms, 4,000 steps) it needs about 6% more time than the oracle (5-6% with
-the median estimator and quantile guard, which suit that model's near-ties between two drafting arms but
-understate drafting arms against off on the real engine), plain epsilon-greedy without the guard 19-22%,
-always-off 32%.
+Beyond BEG-MAB: an explicit ``off`` baseline with a statistical, cost-aware regret guard; exploration priced
+by a regret budget; probation with exponential backoff; untried/probe scheduling; a stall-capped throughput
+estimate; drafter-version resets; mergeable state for many actors. On the simulated cost model of
+``tests/tuner/test_bandit_sim.py`` (three buckets with three different best arms, 4,000 steps) it needs
+4-5% more time than the oracle (seeds 0-2: 4.8 / 4.3 / 5.2%; 6.5-8.2% with ``explore_regret_budget = None``),
+plain epsilon-greedy without the guard 19-22%, always-off 32%.
 """
 
 from __future__ import annotations
@@ -135,6 +152,7 @@ class BanditConfig:
     window: int = 64
     off_window: int | None = None
     epsilon: float = 0.1
+    explore_regret_budget: float | None = 0.01
     min_samples_for_guard: int = 6
     min_samples_for_best: int = 4
     best_z: float = 1.0
@@ -171,6 +189,8 @@ class BanditConfig:
         self.bucket_edges = edges
         _check_int(self.window, f"{p}.window", 1)
         _check_num(self.epsilon, f"{p}.epsilon", 0.0, 1.0)
+        if self.explore_regret_budget is not None:
+            _check_num(self.explore_regret_budget, f"{p}.explore_regret_budget", 0.0, 1.0, lo_open=True)
         _check_int(self.min_samples_for_guard, f"{p}.min_samples_for_guard", 1)
         _check_int(self.min_samples_for_best, f"{p}.min_samples_for_best", 1)
         _check_num(self.best_z, f"{p}.best_z", 0.0, math.inf)
@@ -423,6 +443,16 @@ def _bucket_index(edges: Sequence[int], batch_size: int) -> int:
     return max(bisect.bisect_right(edges, batch_size) - 1, 0)
 
 
+def _draw(names: Sequence[str], probs: Sequence[float], u: float) -> str | None:
+    """The name whose probability interval holds the uniform ``u`` (intervals laid end to end from 0), or None
+    when ``u`` lies beyond them all (probability ``1 - sum(probs)``)."""
+    for n, p in zip(names, probs):
+        if u < p:
+            return n
+        u -= p
+    return None
+
+
 def _arm_name(arm: Arm | str) -> str:
     return arm.name if isinstance(arm, Arm) else str(arm)
 
@@ -513,6 +543,27 @@ class BucketedBandit:
                 best, best_v = n, v
         return best
 
+    def _explore_p(self, bucket: _Bucket, best: str, others: list[str]) -> list[float]:
+        """Per-step probability of exploring each arm of ``others`` (module docstring: "Exploration with a
+        regret budget"): ``epsilon / n`` capped at ``B / (n * c_a)``."""
+        if not others:
+            return []
+        share = self.cfg.epsilon / len(others)
+        budget = self.cfg.explore_regret_budget
+        if budget is None:
+            return [share] * len(others)
+        ref = self._estimate(bucket.arms[best])
+        out = []
+        for n in others:
+            st = bucket.arms[n]
+            if len(st.window) < self.cfg.min_samples_for_guard:
+                out.append(share)  # its cost is not known yet: collect the evidence the guard needs
+                continue
+            v = self._estimate(st)
+            cost = ref / v - 1.0 if v > 0 else math.inf  # extra time per committed token vs the best
+            out.append(share if not cost > 0 else min(share, budget / (len(others) * cost)))
+        return out
+
     # ------------------------------------------------------------------ choose / observe
     def choose(self, batch_size: int) -> Arm:
         """The arm for a decode step at this active batch size (see the module docstring for the rule)."""
@@ -525,9 +576,8 @@ class BucketedBandit:
             eligible = self._eligible(bucket)
             best = self._best(bucket, eligible)
             others = [n for n in eligible if n != best]
-            if others and self._rng.random() < self.cfg.epsilon:
-                name = others[self._rng.randrange(len(others))]
-            else:
+            name = _draw(others, self._explore_p(bucket, best, others), self._rng.random())
+            if name is None:
                 name, explored = best, False
         st = bucket.arms[name]
         st.chosen += 1
@@ -707,7 +757,8 @@ class BucketedBandit:
     # ------------------------------------------------------------------ tables and stats
     def table(self) -> dict[str, Any]:
         """The strategy table rollout actors copy in-process (JSON-serializable). Per bucket: ``best`` (the
-        greedy arm), ``explore`` (eligible arms other than best), ``probe`` (untried / on probation; each
+        greedy arm), ``explore`` (eligible arms other than best) with ``explore_p`` (each one's per-step
+        probability, ``_explore_p``), ``probe`` (untried / on probation; each
         actor plays each once per table version). Guarded arms appear in none of them."""
         self._table_version += 1
         buckets = []
@@ -715,13 +766,15 @@ class BucketedBandit:
             eligible = self._eligible(bucket)
             best = self._best(bucket, eligible)
             lo, hi = self.bucket_range(i)
+            others = [n for n in eligible if n != best]
             buckets.append(
                 {
                     "bucket": i,
                     "lo": lo,
                     "hi": hi,
                     "best": best,
-                    "explore": [n for n in eligible if n != best],
+                    "explore": others,
+                    "explore_p": self._explore_p(bucket, best, others),
                     "probe": self._forced(bucket),
                     "guarded": [n for n, st in bucket.arms.items() if st.guarded],
                 }
@@ -868,7 +921,9 @@ class BucketedBandit:
 
 def gate_table(table: Mapping[str, Any], drafters: Iterable[str]) -> dict[str, Any]:
     """A copy of a strategy table (``BucketedBandit.table()``) in which no bucket plays an arm of ``drafters``:
-    they leave ``explore`` and ``probe``, and a ``best`` among them becomes ``off``; the bucket lists them
+    they leave ``explore`` (and ``explore_p``) and ``probe``, and a ``best`` among them becomes ``off`` (the
+    bucket then explores at ``epsilon / n``: its probabilities were priced against the old best); the bucket
+    lists them
     under ``gated``. The bandit's statistics are untouched, so lifting the gate restores its table. Used to keep
     an untrained learned drafter out of rollouts (``tuner.learned_min_top1``)."""
     drop = set(drafters)
@@ -878,11 +933,16 @@ def gate_table(table: Mapping[str, Any], drafters: Iterable[str]) -> dict[str, A
     buckets = []
     for b in table["buckets"]:
         nb = dict(b)
-        nb["explore"] = [n for n in b.get("explore", []) if n not in gated]
+        explore = b.get("explore", [])
+        p = b.get("explore_p") or [None] * len(explore)
+        kept = [(n, q) for n, q in zip(explore, p) if n not in gated]
         nb["probe"] = [n for n in b.get("probe", []) if n not in gated]
         if nb["best"] in gated:
+            # the probabilities were priced against the gated best: fall back to epsilon / n
             nb["best"] = OFF.name
-            nb["explore"] = [n for n in nb["explore"] if n != OFF.name]
+            kept = [(n, None) for n, _ in kept if n != OFF.name]
+        nb["explore"] = [n for n, _ in kept]
+        nb["explore_p"] = [q for _, q in kept] if all(q is not None for _, q in kept) else []
         nb["gated"] = sorted(gated)
         buckets.append(nb)
     return {**table, "buckets": buckets}
@@ -891,8 +951,9 @@ def gate_table(table: Mapping[str, Any], drafters: Iterable[str]) -> dict[str, A
 class TablePolicy:
     """In-process copy of the tuner's strategy table, used by a rollout actor every decode step (no RPC).
 
-    ``choose(batch_size)``: plays each ``probe`` arm of the bucket once per table version, else with
-    probability ``epsilon`` (the table's unless given) one of the bucket's ``explore`` arms, else ``best``.
+    ``choose(batch_size)``: plays each ``probe`` arm of the bucket once per table version, else each of the
+    bucket's ``explore`` arms with its ``explore_p`` (the tuner's regret-budgeted probability; with an
+    ``epsilon`` given here, or a table without ``explore_p``: ``epsilon / n`` each), else ``best``.
     ``observe(...)`` records the step; ``drain_observations()`` hands the records to the central tuner
     (``BucketedBandit.merge``). At most ``max_pending`` records are kept (oldest dropped, counted).
     """
@@ -929,6 +990,12 @@ class TablePolicy:
             for n in [b["best"], *b.get("explore", []), *b.get("probe", [])]:
                 if n not in arms:
                     raise TunerConfigError(f"TablePolicy: bucket {b.get('bucket')} names unknown arm {n!r}")
+            ps = b.get("explore_p") or []
+            if ps and (len(ps) != len(b.get("explore", [])) or not all(0.0 <= float(x) <= 1.0 for x in ps)):
+                raise TunerConfigError(
+                    f"TablePolicy: bucket {b.get('bucket')}: explore_p {ps} must hold one probability in [0, 1] "
+                    f"per explore arm {b.get('explore', [])}"
+                )
         self.version = int(table.get("version", 0))
         self.edges = edges
         self.arms = arms
@@ -948,9 +1015,13 @@ class TablePolicy:
         name = next((n for n in b.get("probe", []) if (i, n) not in self._probed), None)
         if name is not None:
             self._probed.add((i, name))
-        elif b.get("explore") and self._rng.random() < self.epsilon:
-            name = b["explore"][self._rng.randrange(len(b["explore"]))]
-        else:
+        elif b.get("explore"):
+            explore = b["explore"]
+            probs = b.get("explore_p") if self._epsilon_override is None else None
+            if not probs:
+                probs = [self.epsilon / len(explore)] * len(explore)
+            name = _draw(explore, probs, self._rng.random())
+        if name is None:
             name, explored = b["best"], False
         self._last_explored[(i, name)] = explored
         return self.arms[name]

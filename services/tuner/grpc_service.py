@@ -50,6 +50,7 @@ def table_to_pb(table: Mapping[str, Any]) -> common_pb2.StrategyTable:
             explore=list(b.get("explore", [])),
             probe=list(b.get("probe", [])),
             guarded=list(b.get("guarded", [])),
+            explore_p=[float(x) for x in b.get("explore_p", [])],
         )
         if b.get("hi") is not None:
             msg.hi = int(b["hi"])
@@ -90,6 +91,7 @@ def table_from_pb(pb: common_pb2.StrategyTable) -> dict[str, Any]:
                 "explore": list(b.explore),
                 "probe": list(b.probe),
                 "guarded": list(b.guarded),
+                "explore_p": list(b.explore_p),
             }
             for b in pb.buckets
         ],

@@ -39,7 +39,9 @@ def test_default_arms_and_off_always_present():
 
 def test_untried_first_then_greedy_and_exploration():
     # one sample is enough to compete here (the default min_samples_for_best is 4: test_estimate_and_clock.py)
-    bandit = BucketedBandit([OFF, SUFFIX, NGRAM], BanditConfig(epsilon=0.0, min_samples_for_best=1))
+    # plain epsilon-greedy (no regret budget): test_explore_regret_budget_* cover the budgeted default
+    cfg = BanditConfig(epsilon=0.0, min_samples_for_best=1, explore_regret_budget=None)
+    bandit = BucketedBandit([OFF, SUFFIX, NGRAM], cfg)
     tried = []
     for _ in range(3):
         arm = bandit.choose(1)
@@ -60,7 +62,13 @@ def test_untried_first_then_greedy_and_exploration():
 
 def test_guard_life_cycle_window_turnover_probation_and_backoff():
     cfg = BanditConfig(
-        window=8, epsilon=1.0, min_samples_for_guard=4, guard_regret_budget=1.0, fast_guard_cost=1e9, seed=1
+        window=8,
+        epsilon=1.0,
+        explore_regret_budget=None,
+        min_samples_for_guard=4,
+        guard_regret_budget=1.0,
+        fast_guard_cost=1e9,
+        seed=1,
     )
     bandit = BucketedBandit([OFF, SUFFIX, NGRAM], cfg)
     feed(bandit, OFF, 4, 100)
@@ -218,6 +226,8 @@ def test_observe_validation():
         ({"min_samples_for_guard": 0}, "min_samples_for_guard"),
         ({"probe_samples": 0}, "probe_samples"),
         ({"guard_regret_budget": 0}, "guard_regret_budget"),
+        ({"explore_regret_budget": 0}, "explore_regret_budget: must be a number in (0.0, 1.0]"),
+        ({"explore_regret_budget": 1.5}, "explore_regret_budget"),
         ({"trim": 0.5}, "trim"),
         ({"seed": "x"}, "seed"),
     ],
@@ -240,8 +250,8 @@ def test_bandit_config_from_dict():
 
 
 # ---------------------------------------------------------------------------------------------- TablePolicy
-def _trained_bandit():
-    bandit = BucketedBandit([OFF, SUFFIX, NGRAM, LEARNED], BanditConfig(min_samples_for_guard=2))
+def _trained_bandit(**cfg):
+    bandit = BucketedBandit([OFF, SUFFIX, NGRAM, LEARNED], BanditConfig(min_samples_for_guard=2, **cfg))
     feed(bandit, OFF, 4, 100)
     feed(bandit, SUFFIX, 4, 300)
     feed(bandit, NGRAM, 4, 200)
@@ -268,7 +278,7 @@ def test_table_policy_follows_the_table():
 
 
 def test_table_policy_observations_round_trip_to_the_bandit():
-    bandit = _trained_bandit()
+    bandit = _trained_bandit(explore_regret_budget=None)  # epsilon / n per explore arm
     policy = TablePolicy(bandit.table(), seed=0, max_pending=1000)
     for _ in range(200):
         arm = policy.choose(1)
@@ -300,3 +310,56 @@ def test_table_policy_bounded_buffer_and_bad_tables():
         TablePolicy({"buckets": []})
     with pytest.raises(TunerConfigError, match="epsilon"):
         TablePolicy(bandit.table(), epsilon=2.0)
+    table = bandit.table()
+    table["buckets"][0]["explore_p"] = [0.5]  # two explore arms, one probability
+    with pytest.raises(TunerConfigError, match="bucket 0: explore_p"):
+        TablePolicy(table)
+
+
+# ---------------------------------------------------------------------------------------------- regret budget
+def _three_arm_bandit(off_rate, ngram_rate, budget, ngram_samples=8):
+    """suffix (300 tokens/s) is the best; off and ngram at the given rates; min_samples_for_guard 8."""
+    cfg = BanditConfig(epsilon=0.1, min_samples_for_guard=8, explore_regret_budget=budget)
+    bandit = BucketedBandit([OFF, SUFFIX, NGRAM], cfg)
+    feed(bandit, OFF, 8, off_rate)
+    feed(bandit, SUFFIX, 8, 300)
+    feed(bandit, NGRAM, ngram_samples, ngram_rate)
+    return bandit
+
+
+def test_explore_regret_budget_caps_costly_arms_and_spares_near_ties():
+    # off: tokens take 3x as long as suffix's (c = 2); ngram: 1.5x (c = 0.5); budget 1% over n = 2 arms
+    b = _three_arm_bandit(100, 200, 0.01).table()["buckets"][0]
+    assert b["best"] == "suffix-k8-w1" and b["explore"] == ["off", "ngram-k3-w1"]
+    assert b["explore_p"] == pytest.approx([0.01 / (2 * 2.0), 0.01 / (2 * 0.5)])
+    # expected extra time of exploration = sum p * c <= the budget
+    assert sum(p * c for p, c in zip(b["explore_p"], (2.0, 0.5))) <= 0.01 + 1e-12
+    # a near-tie (ngram as fast as suffix) keeps epsilon / n; so does every arm without a budget
+    b = _three_arm_bandit(100, 300, 0.01).table()["buckets"][0]
+    assert b["explore_p"][1] == pytest.approx(0.05)
+    b = _three_arm_bandit(100, 200, None).table()["buckets"][0]
+    assert b["explore_p"] == pytest.approx([0.05, 0.05])
+    # an arm with fewer than min_samples_for_guard (8) samples: its cost is not known yet, full epsilon / n
+    bandit = _three_arm_bandit(100, 200, 0.01, ngram_samples=7)
+    assert bandit.table()["buckets"][0]["explore_p"] == pytest.approx([0.01 / (2 * 2.0), 0.05])
+
+
+@pytest.mark.parametrize("where", ["bandit", "table_policy"])
+def test_explore_regret_budget_sets_the_exploration_frequency(where):
+    """The central bandit and a rollout actor's TablePolicy explore each arm at its ``explore_p``: counts
+    over 40,000 steps within 5 binomial standard deviations; the unbudgeted bandit explores ~epsilon."""
+    n = 40_000
+    bandit = _three_arm_bandit(100, 200, 0.01)
+    p = dict(zip(["off", "ngram-k3-w1"], bandit.table()["buckets"][0]["explore_p"]))
+    if where == "bandit":
+        picks = [bandit.choose(1).name for _ in range(n)]
+    else:
+        policy = TablePolicy(bandit.table(), seed=5)
+        picks = [policy.choose(1).name for _ in range(n)]
+    for name, q in p.items():
+        k = picks.count(name)
+        assert abs(k - n * q) <= 5 * math.sqrt(n * q * (1 - q)) + 1, (name, k, n * q)
+    plain = _three_arm_bandit(100, 200, None)
+    k = sum(plain.choose(1).name != "suffix-k8-w1" for _ in range(n))
+    assert abs(k - 0.1 * n) <= 5 * math.sqrt(n * 0.09)
+    assert k > 5 * sum(picks.count(x) for x in p)  # the budget cut exploration several-fold here

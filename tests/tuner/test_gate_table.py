@@ -36,10 +36,16 @@ def test_gated_arms_are_never_played_and_best_falls_back():
     assert b0["best"] == OFF.name  # the gate does not promote another arm: off is the safe choice
     assert b0["explore"] == [SUFFIX.name] and not b0["probe"]
     assert b0["gated"] == sorted([LEARNED.name, HYBRID.name])
+    assert b0["explore_p"] == []  # priced against the gated best: epsilon / n instead
     assert table["buckets"][0]["best"] == LEARNED.name  # the original table is not modified
     policy = TablePolicy(gated, seed=0)
     played = {policy.choose(1).name for _ in range(400)}
     assert played == {OFF.name, SUFFIX.name}
+    # gating an arm that is not the best keeps the others' priced probabilities, aligned with explore
+    hyb = gate_table(table, ["hybrid"])["buckets"][0]
+    p = dict(zip(table["buckets"][0]["explore"], table["buckets"][0]["explore_p"]))
+    assert hyb["best"] == LEARNED.name and hyb["explore_p"] == [p[n] for n in hyb["explore"]]
+    assert HYBRID.name not in hyb["explore"] and len(hyb["explore"]) == 2
     # the gate does not touch the statistics: without it, the table is the bandit's again
     assert gate_table(bandit.table(), [])["buckets"][0]["best"] == LEARNED.name
 

@@ -202,7 +202,7 @@ class Arm(_message.Message):
     def __init__(self, name: _Optional[str] = ..., drafter: _Optional[_Union[Drafter, str]] = ..., max_draft_tokens: _Optional[int] = ..., tree_width: _Optional[int] = ..., tree_depth: _Optional[int] = ...) -> None: ...
 
 class StrategyBucket(_message.Message):
-    __slots__ = ("bucket", "lo", "hi", "best", "explore", "probe", "guarded")
+    __slots__ = ("bucket", "lo", "hi", "best", "explore", "probe", "guarded", "explore_p")
     BUCKET_FIELD_NUMBER: _ClassVar[int]
     LO_FIELD_NUMBER: _ClassVar[int]
     HI_FIELD_NUMBER: _ClassVar[int]
@@ -210,6 +210,7 @@ class StrategyBucket(_message.Message):
     EXPLORE_FIELD_NUMBER: _ClassVar[int]
     PROBE_FIELD_NUMBER: _ClassVar[int]
     GUARDED_FIELD_NUMBER: _ClassVar[int]
+    EXPLORE_P_FIELD_NUMBER: _ClassVar[int]
     bucket: int
     lo: int
     hi: int
@@ -217,7 +218,8 @@ class StrategyBucket(_message.Message):
     explore: _containers.RepeatedScalarFieldContainer[str]
     probe: _containers.RepeatedScalarFieldContainer[str]
     guarded: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, bucket: _Optional[int] = ..., lo: _Optional[int] = ..., hi: _Optional[int] = ..., best: _Optional[str] = ..., explore: _Optional[_Iterable[str]] = ..., probe: _Optional[_Iterable[str]] = ..., guarded: _Optional[_Iterable[str]] = ...) -> None: ...
+    explore_p: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, bucket: _Optional[int] = ..., lo: _Optional[int] = ..., hi: _Optional[int] = ..., best: _Optional[str] = ..., explore: _Optional[_Iterable[str]] = ..., probe: _Optional[_Iterable[str]] = ..., guarded: _Optional[_Iterable[str]] = ..., explore_p: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class StrategyTable(_message.Message):
     __slots__ = ("version", "epsilon", "bucket_edges", "arms", "buckets", "drafter_version", "created_at")
