@@ -237,6 +237,31 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     return x * cos + rot * sin
 
 
+# Batch rows from which the cached (decode / verify) forward uses ``_grouped_attention``. Measured on the default
+# policy (6 query heads, 2 KV heads, 200 cached positions), forward time old / grouped: batch 1 0.95-0.97
+# (the extra reshapes cost more than they save), 4: 1.02, 16: 1.05, 64: 1.07 (decode) to 1.09 (5-token verify).
+GROUPED_ATTENTION_MIN_BATCH = 8
+
+
+def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention with each KV head's query heads stacked as extra query rows.
+
+    q ``[B, H, T, D]``, k / v ``[B, KV, K, D]`` (query head h reads KV head ``h // (H / KV)``), mask ``[B, 1, T,
+    K]`` bool. Returns ``[B, H, T, D]``, the same as ``scaled_dot_product_attention(..., enable_gqa=True)``: one
+    ``[G*T, D] x [D, K]`` product per (row, KV head) instead of G products of ``[T, D] x [D, K]``, so each KV
+    head's keys are read once per step. Measured at batch 64, 200 cached positions, 2 KV heads of 6: 1.43 ->
+    1.16 ms per layer on this CPU (the decode step reads K/V cold from memory). Same result up to float
+    round-off (~5e-6 in the logits).
+    """
+    b, h, t, d = q.shape
+    kv = k.shape[1]
+    g = h // kv
+    qg = q.reshape(b, kv, g * t, d)  # row g' * T + t of KV head j = query head j * G + g', position t
+    mg = mask.unsqueeze(2).expand(b, 1, g, t, mask.shape[-1]).reshape(b, 1, g * t, mask.shape[-1])
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mg)
+    return out.view(b, h, t, d)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -275,6 +300,8 @@ class Attention(nn.Module):
             rows = read_slice if read_slice is not None else slots
             k = cache.k[layer][rows, :, :kmax].to(q.dtype)
             v = cache.v[layer][rows, :, :kmax].to(q.dtype)
+            if self.n_kv != self.n_heads and b >= GROUPED_ATTENTION_MIN_BATCH:
+                return self.o_proj(_grouped_attention(q, k, v, mask).transpose(1, 2).reshape(b, t, -1))
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=self.n_kv != self.n_heads
         )

@@ -127,3 +127,47 @@ def test_bad_model_dirs(tmp_path):
     (tmp_path / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
     with pytest.raises(ModelLoadError, match="not supported"):
         Transformer.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("t", [1, 4])
+def test_grouped_attention_equals_sdpa_gqa(t):
+    """The decode / verify attention (query heads stacked per KV head) equals SDPA's grouped-query attention,
+    with a per-row tree mask over the new tokens."""
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    from services.rollout_actor.model import _grouped_attention
+
+    g = torch.Generator().manual_seed(5)
+    b, h, kv, d, k = 3, 6, 2, 8, 11
+    q = torch.randn(b, h, t, d, generator=g)
+    kk, vv = torch.randn(b, kv, k, d, generator=g), torch.randn(b, kv, k, d, generator=g)
+    mask = torch.rand(b, 1, t, k, generator=g) < 0.6
+    mask[..., 0] = True  # every row sees at least one key
+    want = sdpa(q, kk, vv, attn_mask=mask, enable_gqa=True)
+    got = _grouped_attention(q, kk, vv, mask)
+    assert got.shape == want.shape and (got - want).abs().max().item() <= 1e-5
+    # a different head -> KV-head assignment (not the contiguous groups GQA uses) does not match: not vacuous
+    wrong = sdpa(q, kk.repeat(1, h // kv, 1, 1), vv.repeat(1, h // kv, 1, 1), attn_mask=mask)
+    assert (wrong - want).abs().max().item() > 1e-3
+
+
+@pytest.mark.parametrize("slots", [list(range(9)), [10, 3, 7, 0, 12, 5, 1, 8, 2]])
+def test_logits_match_with_cache_at_grouped_batch(pair, slots):
+    """From GROUPED_ATTENTION_MIN_BATCH rows the cached forward takes the grouped attention path: decode and
+    multi-token chunks of 9 rows, consecutive slots (KV read as a view) or scattered (gathered), equal the
+    reference's full pass."""
+    from services.rollout_actor.model import GROUPED_ATTENTION_MIN_BATCH
+
+    name, ref, ours = pair
+    assert len(slots) >= GROUPED_ATTENTION_MIN_BATCH
+    ids = torch.randint(0, 97, (len(slots), 14), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        want = ref(ids).logits
+        cache = ours.new_cache(num_slots=13, max_len=32)
+        sl = torch.tensor(slots)
+        start = 0
+        for chunk in (8, 1, 4, 1):
+            out = ours(ids[:, start : start + chunk], cache=cache, slots=sl).logits
+            assert (out - want[:, start : start + chunk]).abs().max().item() <= 1e-4, (name, start)
+            cache.commit(sl, torch.full((len(slots),), chunk))
+            start += chunk
