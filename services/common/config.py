@@ -130,6 +130,9 @@ class SpotSection:
     lr: float = 1.0e-3
     checkpoint_every: int = 50
     replicas: int | None = None  # data-parallel replicas (parameter averaging); null = one per rollout actor
+    nice: int = (
+        19  # CPU priority (nice, 0..19) of the training thread: bubble work yields to the critical path
+    )
 
 
 @dataclass
@@ -214,6 +217,7 @@ def _validate(cfg: Config) -> None:
         ),
         ("rollout.speculative.tree_width", cfg.rollout.speculative.tree_width >= 1, "must be >= 1"),
         ("spot.replicas", cfg.spot.replicas is None or cfg.spot.replicas >= 1, "must be >= 1 or null"),
+        ("spot.nice", 0 <= cfg.spot.nice <= 19, "must be in 0..19"),
         ("tuner.learned_min_top1", 0 <= cfg.tuner.learned_min_top1 <= 1, "must be in [0, 1]"),
         ("coordinator.port", 0 <= cfg.coordinator.port <= 65535, "must be in 0..65535"),
         ("coordinator.heartbeat_interval_s", cfg.coordinator.heartbeat_interval_s > 0, "must be > 0"),

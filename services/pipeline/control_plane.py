@@ -229,6 +229,7 @@ class ControlPlane:
             lr=s.lr,
             checkpoint_every=s.checkpoint_every,
             min_samples=s.min_fresh_samples,
+            nice=s.nice,
         )
         ckpt = str(self.run_dir / "checkpoints" / "spot_trainer")
         self.spot = ActorPool.create(

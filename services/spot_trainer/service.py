@@ -143,6 +143,21 @@ def sync_replicas(replicas_states: Sequence[Mapping[str, Any]]) -> dict[str, tor
     return average_state_dicts([s["state"] for s in trained], [int(s["steps_since_sync"]) for s in trained])
 
 
+def lower_thread_priority(increment: int) -> int | None:
+    """Raise the calling thread's nice value by ``increment`` (Linux keeps nice per thread; threads it starts
+    later inherit it). Returns the new nice value, or None where the OS does not support it (then nothing
+    changes: lower priority is an optimisation, never a requirement)."""
+    if increment <= 0 or not hasattr(os, "setpriority"):
+        return None
+    try:
+        tid = threading.get_native_id()
+        now = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, now + increment))
+        return os.getpriority(os.PRIO_PROCESS, tid)
+    except OSError:
+        return None
+
+
 class SpotTrainerService:
     """One spot-trainer replica.
 
@@ -155,6 +170,11 @@ class SpotTrainerService:
         capacity_tokens, keep_versions, batch_size, seq_len, lr, checkpoint_every, min_samples: training knobs
             (``min_samples``: fresh buffer rows needed to accept a grant and to keep training).
         threads: torch threads for training.
+        nice: CPU priority (Linux nice increment, 0..19) of each grant's training thread. Bubble training
+            must only take cycles the critical path does not want: where the "idle" worker shares cores with
+            rollout actors or the policy trainer (a CPU machine), a niced thread yields to them, and runs at
+            full speed on a core that is really idle. 0: the process's own priority. The stream receiver
+            thread keeps the normal priority (it is cheap, and a starved receiver would drop frames).
         address: ZeroMQ endpoint the hidden-state receiver binds (``tcp://127.0.0.1:*`` = any free port).
         replica: index in the pool; 0 is the leader (publishes drafter versions).
     """
@@ -173,12 +193,16 @@ class SpotTrainerService:
         checkpoint_every: int = 50,
         min_samples: int = 256,
         threads: int = 1,
+        nice: int = 19,
         address: str = "tcp://127.0.0.1:*",
         replica: int = 0,
     ):
         if int(replica) < 0:
             raise ValueError(f"replica must be >= 0, got {replica}")
+        if not 0 <= int(nice) <= 19:
+            raise ValueError(f"nice must be in 0..19, got {nice}")
         torch.set_num_threads(max(1, threads))
+        self.nice = int(nice)
         self.replica = int(replica)
         self.ckpt_root = Path(ckpt_dir)
         self.started_at = time.time()
@@ -331,6 +355,7 @@ class SpotTrainerService:
         return answer(True, f"training on replica {self.replica} for worker {wid!r}")
 
     def _run_grant(self, g: _Grant, mono_deadline: float | None) -> None:
+        lower_thread_priority(self.nice)
         try:
             out = self.spot.run_granted(g.stop.is_set, deadline=mono_deadline)
         except Exception as e:  # noqa: BLE001 - reported by the next preempt and GetStatus
