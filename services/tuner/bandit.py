@@ -32,7 +32,8 @@ Contract
   throughput is higher. Measured on the default policy at batch 1 (suffix-k8 vs off): median 264 vs 309
   tokens per CPU-second, throughput 284 vs 298; i.e. the median understates drafting arms by ~10% relative
   to off.
-- ``choose(b)``: (1) an arm that is not guarded and is untried, on probation (see the guard), or has fewer
+- ``choose(b)``: (1) an arm that is not guarded and is untried (nor guarded in a bucket of smaller batch
+  sizes: drafts only get costlier as the batch grows, ``_forced``), on probation (see the guard), or has fewer
   than ``min_samples_for_best`` (4) samples in this bucket's window while one of them came within
   ``guard_margin`` of off's estimate (under-sampled but promising) is played first, least-played first,
   config order on ties (a rollout actor's ``TablePolicy`` plays each such arm once per table version); (2) else
@@ -502,20 +503,35 @@ class BucketedBandit:
         st = self._buckets[self.bucket_of(batch_size)].arms[self.arm(_arm_name(arm)).name]
         return self._estimate(st) if st.window else float("nan")
 
-    def _forced(self, bucket: _Bucket) -> list[str]:
-        """Not guarded and untried, on probation, or with fewer than ``min_samples_for_best`` samples while its
-        best sample so far is within ``guard_margin`` of off's estimate (an arm whose every sample lost to
-        off cannot become the best on a few more; the guard and epsilon deal with it); least played first,
-        then config order."""
+    def _guarded_below(self, i: int) -> set[str]:
+        """Arms guarded in some bucket of smaller batch sizes than bucket ``i``."""
+        return {n for b in self._buckets[:i] for n, st in b.arms.items() if st.guarded}
+
+    def _forced(self, i: int) -> list[str]:
+        """Arms of bucket ``i`` to play first: not guarded and untried (unless guarded in a bucket of smaller
+        batch sizes), on probation, or with fewer than ``min_samples_for_best`` samples while its best sample so
+        far is within ``guard_margin`` of off's estimate (an arm whose every sample lost to off cannot become
+        the best on a few more; the guard and epsilon deal with it); least played first, then config order.
+
+        Why the exception: a draft costs more the larger the batch it is verified in (the verify forward grows
+        with batch x draft tokens; acceptance does not depend on the batch), so an arm reliably slower than off
+        at batch 4 is slower at batch 16 too, and probing it there costs a slow step per bucket and table
+        version (a cold rollout of 32 requests visits six buckets: 36 probe steps for six arms, the ones at
+        batch >= 16 each 1.5-2x an off step). It can still be explored there once it has samples, and it is
+        probed there as soon as the smaller bucket's guard lifts."""
+        bucket = self._buckets[i]
         m = self.cfg.min_samples_for_best
         off = bucket.arms[OFF.name]
         bar = (1.0 - self.cfg.guard_margin) * self._estimate(off) if off.window else -math.inf
+        below = self._guarded_below(i)
 
         def forced(n: str, st: _ArmStats) -> bool:
             if st.guarded:
                 return False
-            if st.probation > 0 or not st.window:
+            if st.probation > 0:
                 return True
+            if not st.window:
+                return n not in below
             return len(st.window) < m and (n == OFF.name or st.sorted_rates()[-1] >= bar)
 
         names = [n for n, st in bucket.arms.items() if forced(n, st)]
@@ -567,8 +583,9 @@ class BucketedBandit:
     # ------------------------------------------------------------------ choose / observe
     def choose(self, batch_size: int) -> Arm:
         """The arm for a decode step at this active batch size (see the module docstring for the rule)."""
-        bucket = self._buckets[self.bucket_of(batch_size)]
-        forced = self._forced(bucket)
+        i = self.bucket_of(batch_size)
+        bucket = self._buckets[i]
+        forced = self._forced(i)
         explored = True
         if forced:
             name = forced[0]
@@ -775,7 +792,7 @@ class BucketedBandit:
                     "best": best,
                     "explore": others,
                     "explore_p": self._explore_p(bucket, best, others),
-                    "probe": self._forced(bucket),
+                    "probe": self._forced(i),
                     "guarded": [n for n, st in bucket.arms.items() if st.guarded],
                 }
             )

@@ -268,10 +268,11 @@ def test_table_policy_follows_the_table():
     assert {policy.choose(1).name for _ in range(20)} == {"suffix-k8-w1"}
     policy = TablePolicy(table, epsilon=1.0, seed=3)
     assert {policy.choose(1).name for _ in range(100)} == {"off", "ngram-k3-w1"}  # never the guarded arm
-    # bucket 6 is untried: each arm is probed once per table version, then the (default) best, off
+    # bucket 6 is untried: each arm is probed once per table version, then the (default) best, off; the
+    # learned arm, guarded at batch 1, is not probed at batch 64 (drafts only get costlier with the batch)
     policy = TablePolicy(table, epsilon=0.0)
-    assert [policy.choose(64).name for _ in range(6)] == [
-        "off", "suffix-k8-w1", "ngram-k3-w1", "learned-k4-w1", "off", "off",
+    assert [policy.choose(64).name for _ in range(5)] == [
+        "off", "suffix-k8-w1", "ngram-k3-w1", "off", "off",
     ]  # fmt: skip
     policy.update(bandit.table())
     assert policy.choose(64).name == "off" and policy.choose(64).name == "suffix-k8-w1"
@@ -363,3 +364,19 @@ def test_explore_regret_budget_sets_the_exploration_frequency(where):
     k = sum(plain.choose(1).name != "suffix-k8-w1" for _ in range(n))
     assert abs(k - 0.1 * n) <= 5 * math.sqrt(n * 0.09)
     assert k > 5 * sum(picks.count(x) for x in p)  # the budget cut exploration several-fold here
+
+
+def test_an_arm_guarded_at_a_small_batch_is_not_probed_at_larger_ones():
+    cfg = BanditConfig(window=8, min_samples_for_guard=4, guard_regret_budget=1.0, fast_guard_cost=1e9)
+    bandit = BucketedBandit([OFF, SUFFIX, NGRAM], cfg)
+    feed(bandit, OFF, 4, 100, batch=4)
+    feed(bandit, SUFFIX, 4, 40, batch=4)  # reliably below off at batch 4..7 (bucket 2)
+    assert bandit.is_guarded(4, SUFFIX)
+    probes = {b["bucket"]: b["probe"] for b in bandit.table()["buckets"]}
+    assert probes[3] == probes[6] == ["off", "ngram-k3-w1"]  # batch 8.., 64..: not probed above
+    assert probes[1] == ["off", "suffix-k8-w1", "ngram-k3-w1"]  # batch 2..3: smaller, still probed
+    assert [bandit.choose(16).name for _ in range(2)] == ["off", "ngram-k3-w1"]
+    # once the guard at batch 4 lifts (off's window turns over) it is probed at the larger sizes again
+    feed(bandit, OFF, 8, 100, batch=4)
+    assert not bandit.is_guarded(4, SUFFIX)
+    assert "suffix-k8-w1" in bandit.table()["buckets"][6]["probe"]
