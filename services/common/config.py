@@ -9,7 +9,9 @@ file), so a typo never runs silently with a default.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -267,6 +269,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
     try:
         if overrides:
             layers.append(OmegaConf.from_dotlist(list(overrides)))
+        for layer in layers[1:]:
+            _yaml_words_as_strings(layer, Config)
         merged = OmegaConf.merge(*layers)
         cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as e:
@@ -276,6 +280,23 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
         raise ConfigError(f"config key {key!r}{where}: {msg}") from None
     _validate(cfg)
     return cfg
+
+
+def _yaml_words_as_strings(layer: DictConfig, cls: type) -> None:
+    """YAML 1.1 reads a bare ``off`` / ``no`` as false and ``on`` / ``yes`` as true, so
+    ``rollout.speculative.drafter=off`` (or ``drafter: off`` in a file) would reach a ``str`` field as the
+    boolean and be stringified to ``'False'``. In a field typed ``str`` the user meant the word: put ``'off'``
+    / ``'on'`` back (in place) before merging; validation then judges the word."""
+    hints = typing.get_type_hints(cls)
+    for name in list(layer.keys()):
+        hint = hints.get(str(name))
+        if hint is None:
+            continue  # unknown key: the merge reports it
+        value = layer[name]
+        if dataclasses.is_dataclass(hint) and isinstance(value, DictConfig):
+            _yaml_words_as_strings(value, hint)
+        elif isinstance(value, bool) and hint in (str, str | None):
+            layer[name] = "on" if value else "off"
 
 
 def to_yaml(cfg: Config) -> str:
