@@ -403,6 +403,24 @@ def _verify_tree_impl(
         raise ValueError(f"verify_tree: drafts[{b}].tokens[{i}]={int(tokens[b, i])} outside [0, V={V})")
 
     with_probs = [b for b, t in enumerate(drafts) if t.probs is not None]
+    if coupled and 0 < len(with_probs) < B:
+        # mixed batch: sampled drafts take the sequential rule, point-mass drafts the coupled one; each rule
+        # runs on its own rows only
+        point = [b for b in range(B) if drafts[b].probs is None]
+        nodes: list[list[int]] = [[] for _ in range(B)]
+        next_token = torch.empty(B, dtype=torch.long, device=dev)
+        num_accepted = torch.empty(B, dtype=torch.long, device=dev)
+        for rows, rule in ((with_probs, False), (point, True)):
+            sub = [drafts[b] for b in rows]
+            r = _verify_tree_impl(
+                target_probs[rows], sub, uniforms[rows], greedy_t[rows], chain_fast_path, coupled=rule
+            )
+            for j, b in enumerate(rows):
+                nodes[b] = r.accepted_nodes[j]
+            idx = torch.tensor(rows, dtype=torch.long, device=dev)
+            next_token[idx] = r.next_token.to(dev)
+            num_accepted[idx] = r.num_accepted.to(dev)
+        return VerifyResult(nodes, next_token, num_accepted)
     has_probs = torch.zeros(B, dtype=torch.bool, device=dev)
     q = None
     if with_probs:
@@ -413,30 +431,14 @@ def _verify_tree_impl(
         q[torch.tensor(with_probs, dtype=torch.long, device=dev)[node_idx[:, 0]], node_idx[:, 1]] = rows
 
     is_chain = bool(((parents == pos - 1) | ~valid).all())
-    seq: VerifyResult | None = None
-    if not coupled or with_probs:  # the sequential rule (for every request, or for those with sampled drafts)
+    if not coupled or with_probs:  # the sequential rule (every request here has a sampled draft if coupled)
         if chain_fast_path and is_chain:
-            seq = _chain_core(target_probs[:, : n_max + 1], tokens, lens_t, q, has_probs, uniforms, greedy_t)
-        else:
-            iid = torch.tensor([t.iid_siblings for t in drafts], dtype=torch.bool, device=dev)
-            seq = _walk(target_probs, tokens, parents, valid, q, has_probs, iid, uniforms, greedy_t)
-        if not coupled or len(with_probs) == B:
-            return seq
+            return _chain_core(target_probs[:, : n_max + 1], tokens, lens_t, q, has_probs, uniforms, greedy_t)
+        iid = torch.tensor([t.iid_siblings for t in drafts], dtype=torch.bool, device=dev)
+        return _walk(target_probs, tokens, parents, valid, q, has_probs, iid, uniforms, greedy_t)
     if chain_fast_path and is_chain:
-        res = _coupled_chain(target_probs[:, : n_max + 1], tokens, lens_t, uniforms, greedy_t)
-    else:
-        res = _coupled_walk(target_probs, tokens, parents, valid, uniforms, greedy_t)
-    if seq is None:
-        return res
-    # mixed batch: requests with sampled drafts take the sequential result
-    nodes = [
-        seq.accepted_nodes[b] if t.probs is not None else res.accepted_nodes[b] for b, t in enumerate(drafts)
-    ]
-    return VerifyResult(
-        nodes,
-        torch.where(has_probs, seq.next_token, res.next_token),
-        torch.where(has_probs, seq.num_accepted, res.num_accepted),
-    )
+        return _coupled_chain(target_probs[:, : n_max + 1], tokens, lens_t, uniforms, greedy_t)
+    return _coupled_walk(target_probs, tokens, parents, valid, uniforms, greedy_t)
 
 
 def _sample_or_argmax(p: torch.Tensor, u: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
