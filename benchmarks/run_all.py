@@ -18,7 +18,8 @@ never compete for the cores:
    ``rollout_longtail.json``; measured here on the default policy when that benchmark did not run).
 3. ``spot_training_effect``: two short training runs (bubble training on / off), the learned drafter's
    acceptance per RL step (``--quick``: 2 steps instead of 6).
-4. ``rl_step_e2e``: the end-to-end RL step, adaptive system vs speculation off (``--quick``: 2 steps).
+4. ``rl_step_e2e``: the end-to-end RL step, adaptive system vs speculation off, 2 pairs of runs in ABBA order
+   (``--quick``: 2 steps, 1 pair; ``--full``: 3 pairs).
 
 ``summary.md`` concatenates the benchmarks' tables (``rollout_longtail.md``; tables rendered from
 ``drafter_propose_cost.json`` and ``spot_training_effect.json``) with the machine described. A benchmark
@@ -148,10 +149,16 @@ def e2e_markdown(path: Path) -> str:
     lines = [
         "## End-to-end RL step (`python -m benchmarks.rl_step_e2e`)",
         "",
-        f"{d['steps']} RL steps each, same seed: end-to-end speedup {d['end_to_end_speedup']:.2f}x, "
-        f"rollout {d['rollout_speedup']:.2f}x (speculation off / adaptive).",
+        f"{d['steps']} RL steps each, same seed, {d.get('pairs', 1)} pair(s) of runs in ABBA order: end-to-end "
+        f"speedup {d['end_to_end_speedup']:.2f}x, rollout {d['rollout_speedup']:.2f}x (speculation off / "
+        "adaptive, summed over the runs); per pair: "
+        + ", ".join(
+            f"{p['end_to_end_speedup']:.2f}x (rollout {p['rollout_speedup']:.2f}x)"
+            for p in d.get("per_pair", [])
+        )
+        + ".",
         "",
-        "| total over the steps | speculation off | adaptive |",
+        "| total over the steps (mean per run) | speculation off | adaptive |",
         "|---|---:|---:|",
     ]
     lines += [f"| {k} | {o.get(k, 0):.1f} | {a.get(k, 0):.1f} |" for k in rows]
@@ -223,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
             extra += ["--reps", "7", "--prompt-scale", "2"] if args.full else []
         if name in ("spot_training_effect", "rl_step_e2e"):
             extra += ["--out", str(results)] + (["--steps", "2"] if args.quick else [])
+        if name == "rl_step_e2e":
+            extra += ["--pairs", "1"] if args.quick else ["--pairs", "3"] if args.full else []
         if name == "drafter_propose_cost":
             extra += ["--out", str(results / "drafter_propose_cost.json")]
             try:
