@@ -67,9 +67,9 @@ So each of the n explorable arms gets ``epsilon / n``, capped by its share of ``
 c_a is the extra time per committed token of a over the best (0.5: a's tokens take 1.5x as long), so the
 expected extra time of exploration, sum_a explore_p(a) * c_a, is at most B (default 1%) of the bucket's time,
 and an arm as good as the best (c_a <= 0) keeps the full ``epsilon / n``, as does an arm with fewer than
-``min_samples_for_guard`` samples (its cost is not known yet, and the guard needs those samples). ``explore_regret_budget = None``
-gives plain epsilon-greedy. The guard below still removes arms that are reliably worse than ``off``; the
-budget prices the rest.
+``min_samples_for_guard`` samples (its cost is not known yet, and the guard needs those samples).
+``explore_regret_budget = None`` gives plain epsilon-greedy. The guard below still removes arms that are
+reliably worse than ``off``; the budget prices the rest.
 
 Regret guard ("reliably below off")
 -----------------------------------
