@@ -132,9 +132,8 @@ class SpotSection:
     lr: float = 1.0e-3
     checkpoint_every: int = 50
     replicas: int | None = None  # data-parallel replicas (parameter averaging); null = one per rollout actor
-    nice: int = (
-        19  # CPU priority (nice, 0..19) of the training thread: bubble work yields to the critical path
-    )
+    # CPU priority (nice increment, 0..19) of the training thread: bubble work yields to the critical path
+    nice: int = 19
 
 
 @dataclass
