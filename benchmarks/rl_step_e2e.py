@@ -53,6 +53,12 @@ def _mean_runs(runs: list[dict]) -> dict:
     }
 
 
+def _speedups(off: dict, full: dict) -> tuple[float, float]:
+    """(end to end, rollout phase): speculation off's total seconds / the adaptive system's."""
+    o, f = off["totals"], full["totals"]
+    return o["step_seconds"] / f["step_seconds"], o["rollout_seconds"] / f["rollout_seconds"]
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=4)
@@ -75,8 +81,7 @@ def main(argv=None) -> None:
             pairs.append(runs)
     full = _mean_runs([p["adaptive"] for p in pairs])
     off = _mean_runs([p["off"] for p in pairs])
-    speedup = off["totals"]["step_seconds"] / full["totals"]["step_seconds"]
-    rollout_speedup = off["totals"]["rollout_seconds"] / full["totals"]["rollout_seconds"]
+    speedup, rollout_speedup = _speedups(off, full)
     res = {
         "machine": describe_machine(),
         "steps": a.steps,
@@ -86,14 +91,11 @@ def main(argv=None) -> None:
         "end_to_end_speedup": speedup,
         "rollout_speedup": rollout_speedup,
         "per_pair": [
-            {
-                "end_to_end_speedup": p["off"]["totals"]["step_seconds"]
-                / p["adaptive"]["totals"]["step_seconds"],
-                "rollout_speedup": p["off"]["totals"]["rollout_seconds"]
-                / p["adaptive"]["totals"]["rollout_seconds"],
-                "adaptive": p["adaptive"],
-                "speculation_off": p["off"],
-            }
+            dict(
+                zip(("end_to_end_speedup", "rollout_speedup"), _speedups(p["off"], p["adaptive"])),
+                adaptive=p["adaptive"],
+                speculation_off=p["off"],
+            )
             for p in pairs
         ],
     }
