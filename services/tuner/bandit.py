@@ -60,7 +60,10 @@ Plain epsilon-greedy spends ``epsilon`` of the steps on the other arms whatever 
 near-ties (batch 1 on the default policy: suffix and n-gram arms within ~10% of each other) that is the price
 of tracking the best; where they are clearly worse (batch >= 16: a drafting step costs 1.5-2x an ``off`` step
 for ~1.35 tokens per request) it was a fixed ~3-5% of the bucket's time, measured on the long-tail benchmark.
-So each of the n explorable arms gets ``epsilon / n``, capped by its share of ``explore_regret_budget`` (B):
+So each arm gets ``epsilon / n``, capped by its share of ``explore_regret_budget`` (B), where n is the number
+of arms other than the best, guarded ones included (a guarded arm's share is not handed to the others: with
+four of five drafting arms guarded at batch 64, the fifth would otherwise be explored at the whole epsilon,
+10% of the steps, for a rollout):
 
     explore_p(a) = min(epsilon / n, B / (n * c_a)),   c_a = estimate(best) / estimate(a) - 1
 
@@ -100,9 +103,12 @@ Nothing is guarded in a bucket until ``off`` has ``min_samples_for_guard`` (k) s
 A guarded arm is not chosen (not even to explore) in that bucket until the guard lifts:
 
 - *window turnover*: ``off`` has received ``hold`` further observations in that bucket, where
-  ``hold = max(guard_hold * 2**strikes, probe_samples * play_cost / guard_regret_budget)`` (``guard_hold``
-  defaults to ``window``: as many off steps as an arm's window holds; the second term keeps the cost of
-  re-probing a bad arm near ``guard_regret_budget``, 2%, of the bucket's time); or the bucket as a whole
+  ``hold = max(guard_hold * 2**strikes, g * probe_samples * play_cost / guard_regret_budget)`` (``guard_hold``
+  defaults to ``window``: as many off steps as an arm's window holds; g = the number of arms guarded in the
+  bucket, and a guarded arm's hold grows when another is guarded: the second term keeps the cost of
+  re-probing *all* the bad arms near ``guard_regret_budget``, 2%, of the bucket's time; with one budget per
+  arm, five drafting arms guarded at batch 64 on the default policy, each probe 1.6 off steps of extra
+  time, re-probing cost ~10% of that bucket's time, measured on the long-tail benchmark); or the bucket as a whole
   has received ``max(guard_max_hold, hold)`` further observations (``guard_max_hold`` defaults to
   ``8 * window``: a guard does not last forever where off is rarely played); or
   ``reset_arms(drafter)`` is called (a new drafter version was loaded).
@@ -124,8 +130,9 @@ Beyond BEG-MAB: an explicit ``off`` baseline with a statistical, cost-aware regr
 by a regret budget; probation with exponential backoff; untried/probe scheduling; a stall-capped throughput
 estimate; drafter-version resets; mergeable state for many actors. On the simulated cost model of
 ``tests/tuner/test_bandit_sim.py`` (three buckets with three different best arms, 4,000 steps) it needs
-4-5% more time than the oracle (seeds 0-2: 4.8 / 4.3 / 5.2%; 6.5-8.2% with ``explore_regret_budget = None``),
-plain epsilon-greedy without the guard 19-22%, always-off 32%.
+3-4.5% more time than the oracle (seeds 0-2: 4.4 / 3.3 / 3.0%; 4.3-5.2% with a budget per guarded arm and
+epsilon split over the unguarded arms only, 6.5-8.2% also without ``explore_regret_budget``), plain
+epsilon-greedy without the guard 19-22%, always-off 32%.
 """
 
 from __future__ import annotations
@@ -301,6 +308,7 @@ class _ArmStats:
         "guard_obs_mark",
         "strikes",
         "hold",
+        "reprobe",
         "probation",
         "_sorted",
         "_ratio",
@@ -318,6 +326,7 @@ class _ArmStats:
         self.guard_obs_mark = 0
         self.strikes = 0
         self.hold = 0
+        self.reprobe = 0.0  # probe_samples * play cost (off steps) of re-probing it, set when guarded
         self.probation = 0
         self._sorted: list[float] | None = None
         self._ratio: float | None = None
@@ -409,6 +418,7 @@ class _ArmStats:
             "guard_obs_mark": self.guard_obs_mark,
             "strikes": self.strikes,
             "hold": self.hold,
+            "reprobe": self.reprobe,
             "probation": self.probation,
         }
 
@@ -424,6 +434,7 @@ class _ArmStats:
         self.guard_obs_mark = int(st.get("guard_obs_mark", 0))
         self.strikes = int(st.get("strikes", 0))
         self.hold = int(st.get("hold", 0))
+        self.reprobe = float(st.get("reprobe", 0.0))
         self.probation = int(st.get("probation", 0))
 
 
@@ -564,10 +575,11 @@ class BucketedBandit:
         regret budget"): ``epsilon / n`` capped at ``B / (n * c_a)``."""
         if not others:
             return []
-        share = self.cfg.epsilon / len(others)
         budget = self.cfg.explore_regret_budget
         if budget is None:
-            return [share] * len(others)
+            return [self.cfg.epsilon / len(others)] * len(others)
+        n_arms = len(bucket.arms) - 1  # every arm but the best has a share, guarded or not
+        share = self.cfg.epsilon / n_arms
         ref = self._estimate(bucket.arms[best])
         out = []
         for n in others:
@@ -577,7 +589,7 @@ class BucketedBandit:
                 continue
             v = self._estimate(st)
             cost = ref / v - 1.0 if v > 0 else math.inf  # extra time per committed token vs the best
-            out.append(share if not cost > 0 else min(share, budget / (len(others) * cost)))
+            out.append(share if not cost > 0 else min(share, budget / (n_arms * cost)))
         return out
 
     # ------------------------------------------------------------------ choose / observe
@@ -708,14 +720,20 @@ class BucketedBandit:
         return upper_a < (1.0 - self.cfg.guard_margin) * lower_o
 
     def _set_guard(self, bucket: _Bucket, st: _ArmStats, off: _ArmStats) -> None:
-        """Guard ``st`` with hold ``max(guard_hold * 2**strikes, probe_samples * play_cost / guard_regret_budget)``
-        further observations of off (so probing costs at most about ``guard_regret_budget`` of off's time)."""
-        regret_hold = self.cfg.probe_samples * self._play_cost(st, off) / self.cfg.guard_regret_budget
-        st.hold = max(self.cfg.hold * 2**st.strikes, math.ceil(min(regret_hold, 1e15) - 1e-9))
+        """Guard ``st``: its hold is ``max(guard_hold * 2**strikes, g * probe_samples * play_cost /
+        guard_regret_budget)`` further observations of off, g = the number of arms guarded in the bucket
+        (this one included), so re-probing all of them costs at most about ``guard_regret_budget`` of off's
+        time. The other guarded arms' holds grow to the new g (never shrink)."""
+        st.reprobe = self.cfg.probe_samples * self._play_cost(st, off)
+        st.hold = 0
         st.guarded = True
         st.probation = 0
         st.guard_off_mark = bucket.off_obs
         st.guard_obs_mark = bucket.obs
+        guarded = [o for o in bucket.arms.values() if o.guarded]
+        for o in guarded:
+            regret_hold = len(guarded) * o.reprobe / self.cfg.guard_regret_budget
+            o.hold = max(o.hold, self.cfg.hold * 2**o.strikes, math.ceil(min(regret_hold, 1e15) - 1e-9))
 
     def _check_guard(self, bucket: _Bucket, st: _ArmStats, off: _ArmStats) -> None:
         if self._reliably_below(st, off):

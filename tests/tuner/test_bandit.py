@@ -126,6 +126,28 @@ def test_guard_max_hold_lifts_where_off_is_rarely_played():
     assert not bandit.is_guarded(1, SUFFIX)
 
 
+def test_guarded_arms_share_the_reprobe_budget():
+    """Each guarded arm is re-probed after a hold that scales with the number of guarded arms in the bucket,
+    so re-probing all of them costs about ``guard_regret_budget`` of the bucket's time, not that much each."""
+    cfg = BanditConfig(min_samples_for_guard=4)
+    bandit = BucketedBandit([OFF, SUFFIX, NGRAM, LEARNED], cfg)
+    feed(bandit, OFF, 4, 100, seconds=0.01)
+    feed(bandit, SUFFIX, 2, 20, seconds=0.1)  # play cost 8 off steps: guarded after two samples
+    feed(bandit, NGRAM, 2, 20, seconds=0.1)  # the same, second in the bucket
+    arms = bandit._buckets[0].arms
+    assert arms[SUFFIX.name].guarded and arms[NGRAM.name].guarded
+    one = math.ceil(2 * 8 / 0.02)  # probe_samples * play_cost / guard_regret_budget
+    # both holds are for two guarded arms (the first one's grew when the second was guarded)
+    assert arms[SUFFIX.name].hold == arms[NGRAM.name].hold == 2 * one
+    # the expected re-probe cost per off step is the budget: sum(probes * cost / hold) = 2%
+    assert sum(2 * 8 / arms[a.name].hold for a in (SUFFIX, NGRAM)) == pytest.approx(0.02)
+    # a lone guarded arm gets the whole budget
+    solo = BucketedBandit([OFF, SUFFIX, NGRAM], cfg)
+    feed(solo, OFF, 4, 100, seconds=0.01)
+    feed(solo, SUFFIX, 2, 20, seconds=0.1)
+    assert solo._buckets[0].arms[SUFFIX.name].hold == one
+
+
 def test_costly_arm_is_guarded_after_two_samples_with_a_long_hold():
     bandit = BucketedBandit([OFF, SUFFIX], BanditConfig(min_samples_for_guard=4))
     feed(bandit, OFF, 4, 100, seconds=0.01)
@@ -318,13 +340,16 @@ def test_table_policy_bounded_buffer_and_bad_tables():
 
 
 # ---------------------------------------------------------------------------------------------- regret budget
-def _three_arm_bandit(off_rate, ngram_rate, budget, ngram_samples=8):
-    """suffix (300 tokens/s) is the best; off and ngram at the given rates; min_samples_for_guard 8."""
+def _three_arm_bandit(off_rate, ngram_rate, budget, ngram_samples=8, extra=False):
+    """suffix (300 tokens/s) is the best; off and ngram at the given rates; min_samples_for_guard 8.
+    ``extra``: a fourth arm, learned, guarded (two samples at a tenth of off's rate, each 10x as long)."""
     cfg = BanditConfig(epsilon=0.1, min_samples_for_guard=8, explore_regret_budget=budget)
-    bandit = BucketedBandit([OFF, SUFFIX, NGRAM], cfg)
+    bandit = BucketedBandit([OFF, SUFFIX, NGRAM] + ([LEARNED] if extra else []), cfg)
     feed(bandit, OFF, 8, off_rate)
     feed(bandit, SUFFIX, 8, 300)
     feed(bandit, NGRAM, ngram_samples, ngram_rate)
+    if extra:
+        feed(bandit, LEARNED, 2, off_rate / 10, seconds=1.0)
     return bandit
 
 
@@ -343,6 +368,11 @@ def test_explore_regret_budget_caps_costly_arms_and_spares_near_ties():
     # an arm with fewer than min_samples_for_guard (8) samples: its cost is not known yet, full epsilon / n
     bandit = _three_arm_bandit(100, 200, 0.01, ngram_samples=7)
     assert bandit.table()["buckets"][0]["explore_p"] == pytest.approx([0.01 / (2 * 2.0), 0.05])
+    # a guarded arm's share is not handed to the others: with a fourth arm guarded, each share is epsilon / 3
+    bandit = _three_arm_bandit(100, 300, 0.01, extra=True)
+    b = bandit.table()["buckets"][0]
+    assert b["guarded"] == ["learned-k4-w1"] and b["explore"] == ["off", "ngram-k3-w1"]
+    assert b["explore_p"][1] == pytest.approx(0.1 / 3)
 
 
 @pytest.mark.parametrize("where", ["bandit", "table_policy"])

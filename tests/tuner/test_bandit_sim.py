@@ -7,7 +7,8 @@ arms: a deep draft tree at batch 1, a shallow suffix chain at batch 8..12, plain
 
 Stated bound: over 40 simulated rollouts (4,000 decode steps), the bandit needs at most 10% more wall time
 than the oracle (which plays the best arm for every batch size from the start) to commit the same tokens,
-for each of three seeds. Observed: 4-5% (6.5-8.2% without the exploration regret budget; always-off: +32%).
+for each of three seeds. Observed: 3-4.5% (6.5-8.2% without the exploration regret budget; always-off:
++32%).
 """
 
 import collections
@@ -112,8 +113,8 @@ def test_regret_guard_bounds_plays_of_a_bad_arm(runs, seed):
     assert bandit.is_guarded(64, BAD)
     # arms that lose to off at large batch are guarded there too, so off keeps the bucket to itself
     assert sum(1 for n in big[-1000:] if n != "off") <= 60
-    # without the guard (plain epsilon-greedy) the bad arm keeps being explored
-    no_guard = BanditConfig(seed=seed, min_samples_for_guard=10**6)
+    # without the guard and the exploration budget (plain epsilon-greedy) the bad arm keeps being explored
+    no_guard = BanditConfig(seed=seed, min_samples_for_guard=10**6, explore_regret_budget=None)
     plain = run(BucketedBandit(ARMS, no_guard), MODEL, ARMS, schedule(40, seed), seed=seed)
     assert sum(1 for b, n in plain.choices if b >= 64 and n == BAD) > 2 * big.count(BAD)
     assert res.seconds < plain.seconds
@@ -160,7 +161,8 @@ def test_distributed_actors_with_table_policies_converge():
     assert secs / oracle <= 1.15
     stats = central.stats()
     assert stats["chosen"] == 4 * len(scheds[0])
-    assert 0.05 < stats["exploration_fraction"] < 0.2
+    # explored, but well below epsilon (0.1): the regret budget prices the arms that lose
+    assert 0.01 < stats["exploration_fraction"] < 0.1
     assert stats["dropped"] == 0
 
 
