@@ -6,6 +6,11 @@ Contract
 
 * Continuous batching: up to ``max_batch_size`` requests hold a KV-cache slot; a finished request frees its
   slot at once and the next waiting request is prefilled into it.
+* Prompt sharing (``prefix_sharing``, on by default): the G responses of a GRPO group share one prompt, so a
+  prompt is prefilled once while some slot still holds it: a request whose prompt a running request (or a
+  freed slot not yet reused) holds gets that slot's prompt KV copied into its own slot (or keeps it, when it
+  lands in that very slot) and samples its first token from the prompt's stored last-position logits. Same
+  numbers as its own prefill up to float round-off (a different batch in the prefill matmuls).
 * Sampling: temperature / top-k / top-p via ``sampling.processed_probs`` (temperature 0 = greedy); stop on
   an EOS id, a stop string, or ``max_new_tokens``. Each request owns a ``torch.Generator`` seeded from its
   ``seed``, so the same seed and prompt give the same tokens whatever else is in the batch. At admission it
@@ -156,6 +161,8 @@ class Engine:
         cuda_graph_memory_bytes: device-memory budget of the captured graphs, in bytes.
         graph_backend: the ``GraphBackend`` capturing the graphs (default ``TorchCudaGraphBackend``); tests
             pass a fake one to run the graph path (padding, buckets, static key lengths) on CPU.
+        prefix_sharing: prefill a prompt once while a slot holds it (module docstring); False prefills every
+            request (A/B, tests).
     """
 
     def __init__(
@@ -173,6 +180,7 @@ class Engine:
         cuda_graphs: bool | None = None,
         cuda_graph_memory_bytes: int = 1 << 30,
         graph_backend: GraphBackend | None = None,
+        prefix_sharing: bool = True,
     ):
         self.model = model.eval()
         self.cfg = model.config
@@ -207,6 +215,15 @@ class Engine:
         self.running: list[_Running] = []
         self.step_log: list[StepRecord] = []
         self.clock_origin = time.perf_counter()
+        # prompt sharing: which prompt each slot's KV rows [0, len(prompt)) hold (running or freed, until the
+        # slot is reused), the slots holding each prompt, and each held prompt's last-position logits [V] and
+        # hidden state(s) (None without hidden_layers)
+        self.prefix_sharing = bool(prefix_sharing)
+        self._slot_prompt: dict[int, tuple[int, ...]] = {}
+        self._holders: dict[tuple[int, ...], list[int]] = {}
+        self._prompt_out: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self.prefill_tokens = 0  # prompt tokens run through the model (prompt sharing skips the rest)
+        self.shared_prompts = 0  # requests whose prompt KV was copied or kept instead of prefilled
 
     # ------------------------------------------------------------------ public API
     def now(self) -> float:
@@ -239,14 +256,24 @@ class Engine:
         for d in self.drafters.values():
             d.start_request(req.request_id, req.problem_id, list(req.prompt_ids))
 
+    def forget_prompts(self) -> None:
+        """Drop every held prompt (prompt sharing): call after changing the model's weights in place, when no
+        request is running. ``generate`` does it on entry."""
+        self._slot_prompt.clear()
+        self._holders.clear()
+        self._prompt_out.clear()
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
     def generate(
         self, requests: Sequence[GenerationRequest], on_finish: Callable[[RequestOutput], None] | None = None
     ) -> list[RequestOutput]:
-        """Decode ``requests`` to completion; outputs in the same order."""
+        """Decode ``requests`` to completion; outputs in the same order. Prompts held from an earlier call are
+        forgotten first (the weights may have changed in between)."""
         self.clock_origin = time.perf_counter()
+        if not self.running:
+            self.forget_prompts()
         for r in requests:
             self.add_request(r)
         done: dict[str, RequestOutput] = {}
@@ -274,40 +301,92 @@ class Engine:
         )
         return torch.Generator().manual_seed(int(seed))
 
+    def _take_slot(self, key: tuple[int, ...]) -> int:
+        """A free slot for a request with prompt ``key``: one still holding that prompt if any (its KV is then
+        kept in place), else the next free one, whose held prompt (if any) is forgotten."""
+        if not self.prefix_sharing:
+            return self.free_slots.pop()
+        for s in self._holders.get(key, ()):
+            if s in self.free_slots:
+                self.free_slots.remove(s)
+                return s
+        slot = self.free_slots.pop()
+        old = self._slot_prompt.pop(slot, None)
+        if old is not None:
+            hs = self._holders[old]
+            hs.remove(slot)
+            if not hs:
+                del self._holders[old], self._prompt_out[old]
+        return slot
+
     def _admit(self) -> list[RequestOutput]:
         new: list[_Running] = []
+        keys: list[tuple[int, ...]] = []
         while self.waiting and self.free_slots:
             req, arrival = self.waiting.popleft()
             gen = self._new_generator(req)
             u_pos = torch.rand(req.params.max_new_tokens + 1, generator=gen)
-            r = _Running(req=req, slot=self.free_slots.pop(), gen=gen, u_pos=u_pos)
+            key = tuple(req.prompt_ids)
+            r = _Running(req=req, slot=self._take_slot(key), gen=gen, u_pos=u_pos)
             r.timings.arrival_s = arrival
             new.append(r)
+            keys.append(key)
         if not new:
             return []
-        dev = self.device
-        slots = torch.tensor([r.slot for r in new], device=dev)
-        self.cache.reset(slots)
-        lens = torch.tensor([len(r.req.prompt_ids) for r in new])
-        t = int(lens.max())
-        ids = torch.zeros(len(new), t, dtype=torch.long)
-        for i, r in enumerate(new):
-            ids[i, : lens[i]] = torch.tensor(r.req.prompt_ids)
-        lens = lens.to(dev)
-        out = self.model(
-            ids.to(dev), cache=self.cache, slots=slots, hidden_layers=self.hidden_layers, logits_at=lens - 1
-        )
-        self.cache.commit(slots, lens)
-        logits = out.logits[:, 0]  # [n, V]
-        hid = self._gather_hidden(out.hidden, lens - 1)
-        tokens, logps = self._sample_rows(logits, new)
+        cache = self.cache
+        # each row's prompt KV: kept or copied from a slot that holds the prompt, copied from a request of this
+        # batch with the same prompt after the prefill, or prefilled (a leader); its (logits [V], hidden)
+        row_out: list[tuple[torch.Tensor, torch.Tensor | None] | None] = [None] * len(new)
+        leaders: list[int] = []
+        leader_of: dict[tuple[int, ...], int] = {}
+        later: list[tuple[int, int]] = []  # (row, leader row)
+        for i, (r, key) in enumerate(zip(new, keys)):
+            holders = self._holders.get(key) if self.prefix_sharing else None
+            if holders:
+                cache.copy_prefix(r.slot if r.slot in holders else holders[0], r.slot, len(key))
+                row_out[i] = self._prompt_out[key]
+            elif self.prefix_sharing and key in leader_of:
+                later.append((i, leader_of[key]))
+            else:
+                leader_of[key] = i
+                leaders.append(i)
+        self.shared_prompts += len(new) - len(leaders)
+        if leaders:
+            dev = self.device
+            lead = [new[i] for i in leaders]
+            slots = torch.tensor([r.slot for r in lead], device=dev)
+            cache.reset(slots)
+            lens = torch.tensor([len(r.req.prompt_ids) for r in lead])
+            t = int(lens.max())
+            ids = torch.zeros(len(lead), t, dtype=torch.long)
+            for j, r in enumerate(lead):
+                ids[j, : lens[j]] = torch.tensor(r.req.prompt_ids)
+            self.prefill_tokens += int(lens.sum())
+            lens = lens.to(dev)
+            out = self.model(
+                ids.to(dev), cache=cache, slots=slots, hidden_layers=self.hidden_layers, logits_at=lens - 1
+            )
+            cache.commit(slots, lens)
+            logits = out.logits[:, 0]  # [n_leaders, V]
+            hid = self._gather_hidden(out.hidden, lens - 1)
+            for j, i in enumerate(leaders):
+                row_out[i] = (logits[j], hid[j] if hid is not None else None)
+        for i, li in later:
+            cache.copy_prefix(new[li].slot, new[i].slot, len(keys[i]))
+            row_out[i] = row_out[li]
+        if self.prefix_sharing:
+            for i, (r, key) in enumerate(zip(new, keys)):
+                if self._slot_prompt.get(r.slot) != key:
+                    self._slot_prompt[r.slot] = key
+                    self._holders.setdefault(key, []).append(r.slot)
+                    self._prompt_out.setdefault(key, row_out[i])
+        tokens, logps = self._sample_rows(torch.stack([o[0] for o in row_out]), new)
         tokens, logps = tokens.tolist(), logps.tolist()  # one device read for the batch
         finished = []
         now = self.now()
         for i, r in enumerate(new):
             r.timings.first_token_s = now
-            if hid is not None:
-                r.hidden = hid[i]
+            r.hidden = row_out[i][1]
             self.running.append(r)
             self._commit(r, [tokens[i]], [logps[i]])
             if r.finish_reason:

@@ -188,6 +188,13 @@ class KVCache:
     def reset(self, slots: torch.Tensor | Sequence[int]) -> None:
         self.lengths[torch.as_tensor(slots, dtype=torch.long)] = 0
 
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Make slot ``dst`` hold the first ``n`` committed tokens of slot ``src`` (K/V copied, length ``n``)."""
+        if dst != src:
+            self.k[:, dst, :, :n] = self.k[:, src, :, :n]
+            self.v[:, dst, :, :n] = self.v[:, src, :, :n]
+        self.lengths[dst] = n
+
     def commit(self, slots: torch.Tensor, n: torch.Tensor) -> None:
         """Keep the first ``n[b]`` of the tokens last written to ``slots[b]`` (the rest are rolled back)."""
         self.lengths[slots] += n

@@ -430,6 +430,7 @@ class RolloutWorker:
             raise ValueError(
                 f"worker {self.worker_id}: weight mismatch missing={missing[:3]} unexpected={unexpected[:3]}"
             )
+        self.engine.forget_prompts()  # held prompt KV and logits are the old policy's
         self.policy_version = version
         return version
 

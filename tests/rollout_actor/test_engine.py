@@ -92,3 +92,105 @@ def test_bad_requests(tiny_model):
         eng.add_request(_req(1, [1, 999], max_new_tokens=4))
     with pytest.raises(ValueError, match="stop strings need a tokenizer"):
         eng.add_request(_req(2, [1], max_new_tokens=4, stop=("x",)))
+
+
+# ---------------------------------------------------------------------------------------------- prompt sharing
+def _group_reqs(prompts, g, max_new_tokens=6):
+    """``g`` sampled requests per prompt (a GRPO group each), distinct seeds."""
+    return [
+        GenerationRequest(
+            f"{i}-{j}",
+            p,
+            SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens + (i + j) % 3, seed=100 * i + j),
+            problem_id=f"p{i}",
+        )
+        for i, p in enumerate(prompts)
+        for j in range(g)
+    ]
+
+
+@pytest.mark.parametrize("slots", [1, 3, 8])
+def test_prompt_sharing_prefills_each_prompt_once_and_keeps_the_tokens(tiny_model, slots):
+    """Groups of 4 requests per prompt: with sharing, a prompt is prefilled once per stretch in which some slot
+    holds it (here: once, as its group runs back to back), and every request decodes the same tokens and
+    logprobs as with a prefill of its own."""
+    prompts = [[3, 4, 5, 6, 7], [9, 10, 11], [20, 21, 22, 23, 24, 25, 26], [30, 31]]
+    reqs = _group_reqs(prompts, 4)
+    kw = dict(max_batch_size=slots, max_seq_len=64, eos_token_ids=[])
+    plain = Engine(tiny_model, prefix_sharing=False, **kw)
+    ref = plain.generate(reqs)
+    eng = Engine(tiny_model, **kw)
+    outs = eng.generate(reqs)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
+    for a, b in zip(outs, ref):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    assert plain.prefill_tokens == 4 * sum(map(len, prompts)) and plain.shared_prompts == 0
+    assert eng.prefill_tokens == sum(map(len, prompts)) and eng.shared_prompts == 12
+    # the groups' responses still differ (own seeds): sharing the prompt did not share the sampling
+    assert len({tuple(o.token_ids) for o in outs}) == len(outs)
+
+
+def test_prompt_sharing_forgets_a_prompt_whose_slots_were_reused(tiny_model):
+    """One slot, prompts A, B, A: B's prefill overwrites A's KV, so the second A is prefilled again (not read
+    from stale rows), and all tokens match prefilling every request."""
+    a, b = [3, 4, 5, 6, 7], [9, 10, 11]
+    reqs = [_req(i, p, temperature=1.0, max_new_tokens=8, seed=i) for i, p in enumerate([a, a, b, a, a])]
+    kw = dict(max_batch_size=1, max_seq_len=64, eos_token_ids=[])
+    ref = Engine(tiny_model, prefix_sharing=False, **kw).generate(reqs)
+    eng = Engine(tiny_model, **kw)
+    outs = eng.generate(reqs)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
+    assert eng.prefill_tokens == 2 * len(a) + len(b) and eng.shared_prompts == 2
+    assert eng._holders == {tuple(a): [0]}  # only the last prompt's slot is remembered
+
+
+def test_prompt_sharing_gives_followers_the_prompts_hidden_states(tiny_model):
+    """The learned drafter reads the target hidden states of the last prompt position: a request that shares a
+    prompt (copied in the same admission, or later from a running sibling) gets the same states as its own
+    prefill would give, and its KV rows equal the leader's."""
+    prompt = [3, 4, 5, 6, 7, 8]
+    layers = (0, tiny_model.config.num_hidden_layers)
+
+    def admitted(sharing, n):
+        eng = Engine(
+            tiny_model,
+            max_batch_size=4,
+            max_seq_len=64,
+            eos_token_ids=[],
+            hidden_layers=layers,
+            prefix_sharing=sharing,
+        )
+        for i in range(n):
+            eng.add_request(_req(i, prompt, temperature=1.0, max_new_tokens=5, seed=i))
+        eng._admit()  # three at once: one leader, two copies
+        eng.add_request(_req(9, prompt, temperature=1.0, max_new_tokens=5, seed=9))
+        eng._admit()  # a fourth, later: copied from a running one
+        return eng
+
+    shared, own = admitted(True, 3), admitted(False, 3)
+    assert shared.prefill_tokens == len(prompt) and own.prefill_tokens == 4 * len(prompt)
+    for r, q in zip(shared.running, own.running):
+        assert r.hidden.shape == q.hidden.shape == (len(layers), tiny_model.config.hidden_size)
+        torch.testing.assert_close(r.hidden, q.hidden, atol=1e-5, rtol=1e-5)
+    lead = shared.running[0].slot
+    n = len(prompt)
+    for r in shared.running[1:]:
+        assert int(shared.cache.lengths[r.slot]) == n
+        torch.testing.assert_close(shared.cache.k[:, r.slot, :, :n], shared.cache.k[:, lead, :, :n])
+        torch.testing.assert_close(shared.cache.v[:, r.slot, :, :n], shared.cache.v[:, lead, :, :n])
+
+
+def test_prompt_sharing_does_not_outlive_a_weight_change(tiny_model):
+    """An engine kept across RL steps: after the weights change in place, the next ``generate`` prefills the
+    same prompt again with the new weights (tokens equal a fresh engine's)."""
+    prompt = [3, 4, 5, 6, 7]
+    reqs = [_req(i, prompt, temperature=1.0, max_new_tokens=8, seed=i) for i in range(3)]
+    eng = Engine(tiny_model, max_batch_size=2, max_seq_len=64, eos_token_ids=[])
+    eng.generate(reqs)
+    with torch.no_grad():
+        for p in tiny_model.parameters():
+            p.mul_(1.5)
+    again = eng.generate(reqs)
+    fresh = Engine(tiny_model, max_batch_size=2, max_seq_len=64, eos_token_ids=[], prefix_sharing=False)
+    assert [o.token_ids for o in again] == [o.token_ids for o in fresh.generate(reqs)]
+    assert eng.prefill_tokens == 2 * len(prompt)
