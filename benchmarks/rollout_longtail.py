@@ -35,8 +35,9 @@ configurations; the order rotates each repetition), medians over repetitions:
 * Drafter state: every run starts from the same snapshot: the suffix drafter holds the responses of a
   previous "RL step" (``--history-prompts`` GSM8K *train* prompts x G, decoded once with plain decoding, in
   the global and per-problem tries) and then learns online within the run (the request's own tokens, its
-  GRPO siblings as they finish). The adaptive policy's length history holds those history responses'
-  lengths. Nothing carries over between runs.
+  GRPO siblings as they finish; as in the rollout worker, a run's other problems enter the global trie only
+  after the run, off the measured path, where the worker indexes them while the policy trains). The adaptive
+  policy's length history holds those history responses' lengths. Nothing carries over between runs.
 * Peers: Hugging Face transformers ``generate`` on the same folder (``AutoModelForCausalLM``), same prompts
   and sampling (top_k 0): ``hf-plain`` (static batches of b requests, left-padded: a chunk returns when its
   longest response ends) and ``hf-pld`` (prompt-lookup decoding, ``prompt_lookup_num_tokens``; transformers

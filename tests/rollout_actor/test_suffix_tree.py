@@ -163,6 +163,8 @@ def test_global_source_serves_other_problems_and_request_source_its_own_repeats(
     d = SuffixTreeDrafter(problem_capacity=0)
     resp = unique(1000, 30)
     d.finish_request("x", "p", resp)
+    assert d.propose([req("r", "q", [7, 8] + resp[:10])], [4])[0].tokens == []  # queued, not indexed yet
+    d.flush()  # the rollout worker's call after a rollout
     (tree,) = d.propose([req("r", "q", [7, 8] + resp[:10])], [4])
     assert tree.tokens == resp[10:14]
     # no history at all: the request's own earlier text
@@ -195,6 +197,7 @@ def test_best_score_wins_across_sources():
         d.finish_request("s1", "p", prefix + [10, 11, 12])
         d.finish_request("s2", "p", prefix + [20, 21, 22])
         d.finish_request("o1", "q", prefix + [10, 11, 12])
+        d.flush()
         return d
 
     # problem trie: 10 and 20 once each (p = 1/2, tie -> lowest id); global: 10 twice, 20 once (p = 2/3)
@@ -330,8 +333,9 @@ def test_global_fifo_eviction_by_tokens():
     a, b, c = unique(1000, 40), unique(2000, 40), unique(3000, 40)
     d.finish_request("a", "pa", a)
     d.finish_request("b", "pb", b)
+    d.flush()
     assert d.propose([req("r", "z", a[:5])], [4])[0].tokens == a[5:9]
-    d.finish_request("c", "pc", c)  # 120 tokens > 100: a (the oldest) goes
+    d.finish_request("c", "pc", c)  # 120 tokens > 100: a (the oldest) goes (stats() flushes)
     s = d.stats()
     assert s["global_tokens"] == 80 and s["global_responses"] == 2
     assert d.propose([req("r", "z", a[:5])], [4])[0].tokens == []
@@ -467,3 +471,25 @@ def test_state_dict_round_trip_is_plain_and_exact():
     assert sizes(restored) == sizes(d)
     with pytest.raises(ValueError):
         restored.load_state_dict({"format": 999})
+
+
+def test_finished_responses_are_queued_siblings_indexed_at_propose_global_at_flush():
+    """``finish_request`` only queues (it runs on the engine's decode thread, also while speculation is off):
+    a sibling's response is indexed when a request of its problem proposes, other problems see it after
+    ``flush``; ``state_dict`` holds queued responses too, and drafts equal an eager drafter's."""
+    resp = unique(1000, 30)
+    d = SuffixTreeDrafter()
+    d.finish_request("x", "p", resp)
+    assert d._problems == {} and d._global.num_seqs == 0  # nothing indexed yet
+    assert (
+        d.propose([req("r", "p", [7, 8] + resp[:10])], [4])[0].tokens == resp[10:14]
+    )  # sibling: indexed now
+    assert "p" in d._problems and d._global.num_seqs == 0
+    assert d.propose([req("s", "q", [7, 8] + resp[:10])], [4])[0].tokens == []  # other problem: not yet
+    state = SuffixTreeDrafter()
+    d.finish_request("y", "q", unique(2000, 30))
+    state.load_state_dict(d.state_dict())  # flushes: both responses in the checkpoint
+    assert len(state.state_dict()["responses"]) == 2
+    assert (
+        d.propose([req("s", "q", [7, 8] + resp[:10])], [4])[0].tokens == resp[10:14]
+    )  # flushed by state_dict

@@ -104,6 +104,10 @@ class Drafter(ABC):
     def new_step(self, step: int) -> None:  # noqa: B027
         """An RL step began (drafters with step windows age out history)."""
 
+    def flush(self) -> None:  # noqa: B027
+        """Do deferred history work (``finish_request`` may only queue it): the rollout worker calls this after
+        a rollout, in a background thread, off the decode path."""
+
     def state_dict(self) -> dict:
         """Picklable state for checkpointing."""
         return {}

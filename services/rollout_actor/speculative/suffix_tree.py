@@ -11,11 +11,15 @@ Three counted suffix tries (every suffix of every indexed sequence, truncated to
   prompt, ``observe`` appends committed tokens, and ``propose`` catches up from ``DraftRequest.token_ids``
   when some tokens were never observed (the engine only calls ``observe`` on the step's drafter).
 * **problem**: per ``problem_id``, the finished responses to that prompt (GRPO siblings as they finish,
-  plus earlier RL steps). A response stays while it is one of the last ``problem_capacity`` of its problem
+  plus earlier RL steps). ``finish_request`` only queues a response (it runs on the engine's decode
+  thread, also in steps where speculation is off); a problem's queue is indexed when one of its requests
+  proposes, so siblings see each other exactly as if indexed at once. A response stays while it is one of the last ``problem_capacity`` of its problem
   and was added in one of the last ``window_steps`` (W) RL steps: ``new_step(s)`` removes those added at
   steps ``<= s - W``.
 * **global**: recent responses of all problems, FIFO-evicted (whole responses) past ``global_capacity``
-  tokens.
+  tokens. Queued responses enter it at ``flush()`` (the rollout worker calls it after each rollout, in a
+  background thread; ``new_step``, ``state_dict`` and ``stats`` flush too), so within one rollout the global
+  source serves the earlier rollouts' responses.
 
 A stored response is ``prompt[-(D - 1):] + output_ids``: the prompt tail lets a sibling that has generated
 nothing yet draft the group's first tokens.
@@ -61,7 +65,8 @@ drafts too much noise); ``window_steps = 4``; ``problem_capacity = 64`` response
 Cost and memory (``python -m benchmarks.drafter_propose_cost``, results in
 ``benchmarks/results/drafter_propose_cost.json``): about 20 us per request per ``propose`` with
 ~300-token contexts on a loaded 2-core EPYC (1.3 ms for 64 requests); ``observe`` ~4 us per token;
-``finish_request`` ~1.5 ms for a 200-token response (two insertions, plus FIFO removals). Each indexed
+indexing a finished 200-token response ~1.5 ms (two insertions, plus FIFO removals; queued by
+``finish_request``, done at propose / ``flush``). Each indexed
 token costs ~1.5 trie nodes of ~150 B (Python objects, which the cyclic GC also scans).
 
 ``state_dict()`` is plain data (every stored response with its step and membership, oldest first, and the
@@ -590,6 +595,10 @@ class SuffixTreeDrafter(Drafter):
         self._problems: dict[str, _Problem] = {}
         self._global = SuffixTrie(self.max_depth)
         self._global_records: deque[tuple[int, str, int, list[int]]] = deque()  # (id, problem, step, seq)
+        # finished responses not indexed yet (``finish_request`` only queues them): per problem, indexed when a
+        # request of that problem proposes; all of them (problem and global tries) by ``flush``
+        self._pending_problem: dict[str, list[tuple[int, int, list[int]]]] = {}  # problem -> (id, step, seq)
+        self._pending_global: list[tuple[int, str, int, list[int]]] = []  # (id, problem, step, seq)
         # floor(alpha * L + beta) for L in 0..D (0 below min_match_len; nondecreasing), and the match cap per
         # budget 0..D (a budget > D behaves as D)
         self._sizes = [self.draft_size(L, 1 << 30) for L in range(self.max_depth + 1)]
@@ -646,9 +655,29 @@ class SuffixTreeDrafter(Drafter):
             tail = r.trie.seq[max(0, p - (self.max_depth - 1)) : p]
         seq = tail + [int(t) for t in output_ids]
         if output_ids:
-            self._add_response(problem_id, self._step, seq)
+            rid = self._next_id
+            self._next_id += 1
+            if self.problem_capacity > 0:
+                self._pending_problem.setdefault(problem_id, []).append((rid, self._step, seq))
+            if self.global_capacity > 0:
+                self._pending_global.append((rid, problem_id, self._step, seq))
+
+    def _flush_problem(self, problem_id: str) -> None:
+        for rid, step, seq in self._pending_problem.pop(problem_id, ()):
+            self._add_response(problem_id, step, seq, rid, to_global=False)
+
+    def flush(self) -> None:
+        """Index every queued finished response into the problem and global tries (the engine's decode thread
+        only queues them in ``finish_request``; the rollout worker calls this after a rollout, off the critical
+        path). ``new_step``, ``state_dict`` and ``stats`` flush first."""
+        for pid in list(self._pending_problem):
+            self._flush_problem(pid)
+        pending, self._pending_global = self._pending_global, []
+        for rid, pid, step, seq in pending:
+            self._add_response(pid, step, seq, rid, to_problem=False)
 
     def new_step(self, step: int) -> None:
+        self.flush()
         self._step = int(step)
         horizon = self._step - self.window_steps
         for pid in list(self._problems):
@@ -737,6 +766,8 @@ class SuffixTreeDrafter(Drafter):
             best: list[int] | DraftTree | None = None
             best_score = 0.0
             if kmax >= 1:
+                if req.problem_id in self._pending_problem:  # siblings finished since: index them now
+                    self._flush_problem(req.problem_id)
                 prob = self._problems.get(req.problem_id)
                 for si, trie in enumerate(
                     (prob.trie if prob is not None else None, r.trie if use_request else None, glob)
@@ -821,6 +852,7 @@ class SuffixTreeDrafter(Drafter):
     # ------------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict:
         """Plain, picklable: config, step, every stored response (oldest first), running requests."""
+        self.flush()
         records: dict[int, list] = {}
         for pid, prob in self._problems.items():
             for rid, step, seq in prob.records:
@@ -861,6 +893,8 @@ class SuffixTreeDrafter(Drafter):
         self._problems = {}
         self._global = SuffixTrie(self.max_depth)
         self._global_records = deque()
+        self._pending_problem = {}
+        self._pending_global = []
         for rid, pid, step, seq, in_problem, in_global in state["responses"]:
             seq = [int(t) for t in seq]
             self._add_response(pid, int(step), seq, int(rid), bool(in_problem), bool(in_global))
@@ -877,6 +911,7 @@ class SuffixTreeDrafter(Drafter):
     # ------------------------------------------------------------------ introspection
     def stats(self) -> dict:
         """Sizes: responses and tokens per source, explicit trie nodes (O(nodes) to compute)."""
+        self.flush()
         return {
             "step": self._step,
             "requests": len(self._requests),
