@@ -1263,8 +1263,8 @@ def run(args: argparse.Namespace) -> dict:
     skipped: dict[str, str] = {}
     if args.learned is None:
         skipped["learned"] = (
-            "no learned-drafter checkpoint: pass --learned DIR (an EAGLE checkpoint written by the spot "
-            "trainer or `python -m services.rollout_actor.speculative.eagle`)"
+            "no learned-drafter checkpoint: pass --learned DIR (an EAGLE checkpoint folder; `make bench` "
+            "passes the one `spot_training_effect --export-drafter` wrote, when that benchmark published one)"
         )
 
     # warm-up (allocator, kernels) on one short request; not measured

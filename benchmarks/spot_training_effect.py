@@ -1,7 +1,11 @@
 """Effect of bubble training on the learned drafter: two runs of the main job, same seed and prompts, one with
 spot training on and one with ``spot.enabled=false``; plots the learned drafter's acceptance rate per RL step.
 
-    python -m benchmarks.spot_training_effect [--steps 6] [--out benchmarks/results]
+    python -m benchmarks.spot_training_effect [--steps 6] [--out benchmarks/results] [--export-drafter DIR]
+
+``--export-drafter DIR`` writes the newest drafter the spot trainer published in the "on" run as an EAGLE
+checkpoint folder (``config.json`` + ``model.safetensors``), the learned arm of ``rollout_longtail --learned
+DIR`` (``make bench`` runs this benchmark first for that reason).
 
 Each run's learned-drafter figures come from its metrics.jsonl (``drafters.learned``: drafted and accepted
 tokens of the steps where the tuner chose a learned or hybrid arm), plus the spot trainer's top-1 agreement on
@@ -47,20 +51,65 @@ def _curve(rows: list[dict]) -> list[dict]:
     return out
 
 
+def export_drafter(run_dir: Path, dest: Path) -> dict | None:
+    """Write the newest drafter published in ``run_dir`` (the spot trainer's ``published/vN``) to ``dest`` as an
+    EAGLE checkpoint folder for ``EagleDrafter.from_pretrained``. Returns ``{version, path}``, or None when the
+    run published nothing (``dest`` is then left untouched)."""
+    import shutil
+
+    from omegaconf import OmegaConf
+
+    from services.rollout_actor.model import Transformer
+    from services.rollout_actor.speculative.eagle import (
+        EagleConfig,
+        EagleDraftModel,
+        default_fuse_layers,
+        save_eagle_checkpoint,
+    )
+    from services.spot_trainer.service import published_dir
+    from services.spot_trainer.trainer import latest_published, load_published
+
+    version, path = latest_published(published_dir(run_dir / "checkpoints" / "spot_trainer"))
+    if path is None:
+        return None
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    target = Transformer.from_pretrained(cfg.model.path)
+    fuse = default_fuse_layers(target.config.num_hidden_layers) if cfg.rollout.speculative.eagle3 else None
+    head = EagleDraftModel(target.config, EagleConfig(fuse_layers=fuse))
+    head.load_state_dict(load_published(path))
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_eagle_checkpoint(head, tmp, target)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)  # whole folder or nothing
+    return {"version": version, "path": str(dest)}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument(
+        "--export-drafter",
+        type=Path,
+        default=None,
+        help="write the on-run's newest drafter here (EAGLE folder)",
+    )
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    exported = None
     with tempfile.TemporaryDirectory() as tmp:
         on = _curve(_run(Path(tmp) / "on", a.steps, True, a.overrides))
+        if a.export_drafter is not None:
+            exported = export_drafter(Path(tmp) / "on", a.export_drafter)
+            print(f"[spot_training_effect] exported drafter: {exported}", flush=True)
         off = _curve(_run(Path(tmp) / "off", a.steps, False, a.overrides))
     res = {
         "machine": describe_machine(),
         "steps": a.steps,
+        "exported_drafter": exported,
         "spot_on": on,
         "spot_off": off,
         "note": "acceptance rate of the learned drafter's point-mass drafts (tokens accepted / drafted) per step",
