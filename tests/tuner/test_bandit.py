@@ -375,6 +375,33 @@ def test_explore_regret_budget_caps_costly_arms_and_spares_near_ties():
     assert b["explore_p"][1] == pytest.approx(0.1 / 3)
 
 
+def test_an_undersampled_arm_is_priced_by_its_cost_at_smaller_batches_and_by_its_few_samples():
+    """Below ``min_samples_for_guard`` samples an arm's own estimate does not price its exploration; a
+    pessimistic floor does: off / (estimate + guard_z * se) - 1 in a bucket of smaller batch sizes (drafts
+    only get costlier as the batch grows) or from its few samples here; no evidence anywhere: full share."""
+    cfg = BanditConfig(window=16, min_samples_for_guard=6, fast_guard_cost=1e9, explore_regret_budget=0.01)
+    bandit = BucketedBandit([OFF, SUFFIX, NGRAM, LEARNED], cfg)
+    feed(bandit, OFF, 6, 100, batch=4)
+    feed(bandit, SUFFIX, 6, 40, batch=4)  # 6 samples at 0.4x off's rate in bucket 2 (batch 4..7)
+    feed(bandit, OFF, 6, 100, batch=16)
+    for arm in (SUFFIX, NGRAM, LEARNED):
+        feed(bandit, arm, 1, 100, batch=16)  # one sample each in bucket 4: too few to price anything
+    feed(bandit, LEARNED, 1, 30, batch=16)  # a second, slow sample: two are enough for the floor
+    b = bandit.table()["buckets"][4]
+    assert b["best"] == "off" and b["explore"] == ["suffix-k8-w1", "ngram-k3-w1", "learned-k4-w1"]
+    share = 0.1 / 3
+    se_suffix = 0.5 * 40 / math.sqrt(6)  # guard_cv_floor * R / sqrt(n): its steps are all alike
+    c_suffix = 100 / (40 + 2.0 * se_suffix) - 1  # 0.78: at least that much slower than off at batch 16
+    assert bandit._cost_floor(4, "suffix-k8-w1") == pytest.approx(c_suffix)
+    assert bandit._cost_floor(4, "learned-k4-w1") == 0.0  # one of its two samples as fast as off
+    assert b["explore_p"] == pytest.approx([0.01 / (3 * c_suffix), share, share])
+    feed(bandit, LEARNED, 3, 30, batch=16)  # five samples, four slow ones: priced by its own floor
+    c = bandit._cost_floor(4, "learned-k4-w1")
+    assert c > 0.2
+    assert bandit.table()["buckets"][4]["explore_p"][2] == pytest.approx(0.01 / (3 * c))
+    assert bandit._cost_floor(1, "suffix-k8-w1") == 0.0  # nothing is known at batch 2..3 or below
+
+
 @pytest.mark.parametrize("where", ["bandit", "table_policy"])
 def test_explore_regret_budget_sets_the_exploration_frequency(where):
     """The central bandit and a rollout actor's TablePolicy explore each arm at its ``explore_p``: counts
