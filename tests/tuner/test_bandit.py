@@ -400,6 +400,12 @@ def test_an_undersampled_arm_is_priced_by_its_cost_at_smaller_batches_and_by_its
     assert c > 0.2
     assert bandit.table()["buckets"][4]["explore_p"][2] == pytest.approx(0.01 / (3 * c))
     assert bandit._cost_floor(1, "suffix-k8-w1") == 0.0  # nothing is known at batch 2..3 or below
+    feed(bandit, NGRAM, 2, 20, batch=2)  # two samples at 0.2x off's rate, once off has 6 samples there
+    assert bandit._cost_floor(1, "ngram-k3-w1") == 0.0
+    feed(bandit, OFF, 6, 100, batch=2)
+    floor = 100 / (20 + 2.0 * 0.5 * 20 / math.sqrt(2)) - 1
+    assert bandit._cost_floor(1, "ngram-k3-w1") == pytest.approx(floor)
+    assert bandit._cost_floor(4, "ngram-k3-w1") == pytest.approx(floor)  # holds at larger batch sizes
 
 
 @pytest.mark.parametrize("where", ["bandit", "table_policy"])
