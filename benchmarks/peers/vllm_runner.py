@@ -7,7 +7,10 @@ One persistent engine per process, so that its start-up is paid once and not mea
 
 Protocol (JSON lines): after the engine is built and warmed up the runner prints ``{"ready": true, ...}`` on
 stdout; then every line read from stdin is a job ``{"prompts": [[ids], ...], "seeds": [...],
-"temperature": 0.9, "top_p": 1.0, "top_k": 0, "max_new_tokens": 320, "max_active": 16}`` and is answered by
+"temperature": 0.9, "top_p": 1.0, "top_k": 0, "max_new_tokens": 320, "max_active": 16}`` (optionally
+``"lengths": [L, ...]``: request i generates exactly L_i tokens, ``min_tokens = max_tokens = L_i``, EOS
+suppressed before that; the benchmark's length-matched runs give every engine the same amount of work) and
+is answered by
 one line (at most ``max_active`` requests are in flight: the next is added when one finishes, i.e. continuous
 batching at most that wide, as ``max_num_seqs`` would do, without a new engine per batch size):
 ``wall_seconds`` (first request added -> last request finished, the makespan), ``cpu_seconds`` (this
@@ -82,16 +85,18 @@ def run_job(llm, job: dict, eos_ids: set[int]) -> dict:
     job_id = f"{time.monotonic_ns():x}"  # request ids are unique across jobs
     n = len(job["prompts"])
     max_active = int(job.get("max_active") or n)
+    forced = job.get("lengths") or [None] * n
     params = [
         SamplingParams(
             temperature=job["temperature"],
             top_p=job["top_p"],
             top_k=job["top_k"] or -1,
-            max_tokens=job["max_new_tokens"],
+            max_tokens=job["max_new_tokens"] if length is None else int(length),
+            min_tokens=0 if length is None else int(length),
             seed=s,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
-        for s in job["seeds"]
+        for s, length in zip(job["seeds"], forced)
     ]
     prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in job["prompts"]]
     finish_s = [None] * n
