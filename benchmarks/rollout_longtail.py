@@ -219,6 +219,7 @@ class RunResult:
     strategies: dict[str, int] = field(default_factory=dict)
     note: str = ""
     digests: list[str] = field(default_factory=list)  # per request (workload order): hash of its token ids
+    steps: list[tuple[int, float, bool, int]] = field(default_factory=list)  # (batch, s, off?, committed)
 
     @property
     def tokens(self) -> int:
@@ -448,6 +449,7 @@ class TailspecRunner:
             committed=sum(s.committed for s in steps),
             timeline=[(s.t_start, s.batch_size) for s in steps],
             digests=[token_digest(o.token_ids) for o in outs],
+            steps=[(s.batch_size, s.seconds, s.strategy == "off", s.committed) for s in steps],
         )
 
 
@@ -957,6 +959,42 @@ def verdicts(table: dict, fixed: list[str], lengths: dict | None = None) -> dict
     return per_b
 
 
+def exploration_regret(runs: list[RunResult], plain: list[RunResult]) -> list[dict]:
+    """Per adaptive rollout (warm-up and measured): the time its drafting steps cost beyond what off would
+    have needed for the same tokens, as a share of its decode time. A step at batch b that committed n
+    tokens in s seconds costs ``s - n * t_off(b)``, t_off(b) = the median seconds per token of plain's decode
+    steps at batch b (all plain runs pooled; the nearest measured batch size if b never occurred). Off steps
+    cost 0 by definition, so the machine's noise enters only through the drafting steps: a much steadier view
+    of the tuner's evidence phase than the makespan ratio (whose spread is 15-40% here). Negative = the
+    drafting steps saved time. Returns ``[{rep, batch_size, regret_vs_off, drafting_steps, steps}]``."""
+    per_b: dict[int, list[float]] = {}
+    for r in plain:
+        for b, sec, _, n in r.steps:
+            if n > 0:
+                per_b.setdefault(b, []).append(sec / n)
+    if not per_b:
+        return []
+    ref = {b: statistics.median(v) for b, v in per_b.items()}
+
+    def t_off(b: int) -> float:
+        return ref[b] if b in ref else ref[min(ref, key=lambda x: (abs(x - b), x))]
+
+    out = []
+    for r in runs:
+        total = sum(sec for _, sec, _, _ in r.steps)
+        extra = sum(sec - n * t_off(b) for b, sec, is_off, n in r.steps if not is_off)
+        out.append(
+            {
+                "rep": r.rep,
+                "batch_size": r.batch_size,
+                "regret_vs_off": extra / total if total > 0 else None,
+                "drafting_steps": sum(1 for *_, is_off, _ in r.steps if not is_off),
+                "steps": len(r.steps),
+            }
+        )
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- outputs
 def _f(x, fmt="{:.2f}"):
     return "-" if x is None else fmt.format(x)
@@ -1088,6 +1126,24 @@ def write_markdown(result: dict, path: Path) -> str:
                 f"{'met' if v['vllm_goal_met_matched'] else 'not met'})"
             )
         lines.append(f"- batch {b}: " + "; ".join(parts))
+    reg = (result.get("adaptive") or {}).get("regret_vs_off") or []
+    if reg:
+        lines += [
+            "",
+            "Adaptive policy's evidence phase: per rollout (warm-up ones first, negative reps), the time its "
+            "drafting steps cost beyond off for the same tokens, as a share of the rollout's decode time "
+            "(off's seconds per token at each batch size from plain's steps; `exploration_regret`):",
+            "",
+        ]
+        for b in sorted({d["batch_size"] for d in reg}):
+            seq = [d for d in reg if d["batch_size"] == b]
+            lines.append(
+                f"- batch {b}: "
+                + ", ".join(
+                    f"{d['rep']}: {_f(None if d['regret_vs_off'] is None else 100 * d['regret_vs_off'], '{:+.1f}')}%"
+                    for d in seq
+                )
+            )
     lc = result["lengths"]
     lines += [
         "",
@@ -1379,6 +1435,7 @@ def run(args: argparse.Namespace) -> dict:
 
     runs: list[RunResult] = []
     warm: list[dict] = []
+    warm_runs: list[RunResult] = []
     pld_skip: dict[int, str] = {}
     dead: set[str] = set()
     plain_lengths: dict[int, list[int]] = {}  # per batch size: tailspec plain's lengths (same every rep)
@@ -1428,6 +1485,7 @@ def run(args: argparse.Namespace) -> dict:
                         ADAPTIVE, warm_workloads[b], -1 - w, seed=args.seed * 7919 + 20_000_000 + w * 100_000
                     )
                     warm.append(r.summary())
+                    warm_runs.append(r)
         for rep in range(args.reps):
             seed = args.seed * 7919  # the same work every repetition (see the module docstring)
             for b in bsz:
@@ -1533,6 +1591,9 @@ def run(args: argparse.Namespace) -> dict:
         "timelines": {"batch_size": pb, "rep": last, "series": series},
         "adaptive": {
             "warmup_runs": warm,
+            "regret_vs_off": exploration_regret(
+                warm_runs + [r for r in runs if r.config == ADAPTIVE], [r for r in runs if r.config == PLAIN]
+            ),
             "tuner_stats": runner.tuner.stats() if runner.tuner else None,
             "final_table_best": {
                 f"{bk['lo']}-{bk['hi']}": bk["best"] for bk in runner.tuner.table()["buckets"]

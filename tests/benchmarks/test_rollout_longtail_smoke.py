@@ -144,6 +144,33 @@ def test_adaptive_warm_and_cold(result):
             assert isinstance(v[f"{tag}_not_worse_than_plain"], bool)
     assert res["settings"]["tuner_clock"] in ("thread", "engine")
     assert res["lengths"]["adaptive-cold"]["responses"] == 32
+    # the evidence-phase diagnostic: one entry per adaptive rollout, warm-up ones first
+    reg = res["adaptive"]["regret_vs_off"]
+    measured = [r for r in res["runs"] if r["config"] == "adaptive"]
+    assert [(d["rep"], d["batch_size"]) for d in reg] == [
+        (r["rep"], r["batch_size"]) for r in warm + measured
+    ]
+    assert all(0 <= d["drafting_steps"] <= d["steps"] for d in reg)
+
+
+def _run(rep, steps, config="adaptive"):
+    return rl.RunResult(config, 2, rep, 1.0, 1.0, [], [], [], steps=steps)
+
+
+def test_exploration_regret_prices_drafting_steps_at_plains_time_per_token():
+    plain = [_run(0, [(2, 0.010, True, 2), (2, 0.012, True, 2), (4, 0.020, True, 4)], "plain")]
+    # off at batch 2: median of 5 and 6 ms per token = 5.5 ms; at batch 4: 5 ms per token
+    steps = [(2, 0.010, True, 2), (2, 0.020, False, 3), (4, 0.030, False, 5), (3, 0.040, False, 6)]
+    (d,) = rl.exploration_regret([_run(1, steps)], plain)
+    extra = (
+        (0.020 - 3 * 0.0055) + (0.030 - 5 * 0.005) + (0.040 - 6 * 0.0055)
+    )  # batch 3: nearest, 2 (tie: lower)
+    assert d["regret_vs_off"] == pytest.approx(extra / 0.100)
+    assert (d["rep"], d["drafting_steps"], d["steps"]) == (1, 3, 4)
+    # only off steps: no regret, whatever they cost
+    (d,) = rl.exploration_regret([_run(2, [(2, 1.0, True, 1)])], plain)
+    assert d["regret_vs_off"] == 0.0
+    assert rl.exploration_regret([_run(1, steps)], []) == []
 
 
 def test_deterministic_drafters_decode_plain_tokens(result):
