@@ -1144,7 +1144,8 @@ def write_markdown(result: dict, path: Path) -> str:
             lines.append(
                 f"- batch {b}: "
                 + ", ".join(
-                    f"{d['rep']}: {_f(None if d['regret_vs_off'] is None else 100 * d['regret_vs_off'], '{:+.1f}')}%"
+                    f"{d['rep']}: "
+                    + ("-" if d["regret_vs_off"] is None else f"{100 * d['regret_vs_off']:+.1f}%")
                     for d in seq
                 )
             )
