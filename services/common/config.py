@@ -69,6 +69,10 @@ class TrainerConfig:
     adv_eps: float = 1e-6
     scale_adv_by_std: bool = True
     save_checkpoint: bool = True  # final policy to runs/<id>/checkpoints/policy (HF format)
+    # torch intra-op threads of the policy update; 0 = every core the trainer's process may use (the update
+    # phase has the node to itself: rollout actors are idle and the spot trainer trains only in rollout
+    # bubbles; on the 2-core dev machine 2 threads made a GRPO step 1.6x faster than Ray's default of 1)
+    threads: int = 0
 
 
 @dataclass
@@ -200,6 +204,7 @@ def _validate(cfg: Config) -> None:
         ("trainer.lr", cfg.trainer.lr > 0, "must be > 0"),
         ("trainer.micro_batch_size", cfg.trainer.micro_batch_size >= 1, "must be >= 1"),
         ("trainer.updates_per_step", cfg.trainer.updates_per_step >= 1, "must be >= 1"),
+        ("trainer.threads", cfg.trainer.threads >= 0, "must be >= 0 (0 = all usable cores)"),
         ("rollout.num_actors", cfg.rollout.num_actors >= 1, "must be >= 1"),
         ("rollout.max_batch_size", cfg.rollout.max_batch_size >= 1, "must be >= 1"),
         ("rollout.max_new_tokens", cfg.rollout.max_new_tokens >= 1, "must be >= 1"),

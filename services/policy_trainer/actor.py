@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from services.common.config import TrainerConfig
@@ -9,12 +11,24 @@ from services.policy_trainer.trainer import PolicyTrainer, RolloutSample
 from services.rollout_actor.model import Transformer
 
 
-class PolicyTrainerService:
-    """Loads the initial policy from ``model_path`` and trains it with ``TrainerConfig(**trainer_cfg)``."""
+def update_threads(threads: int) -> int:
+    """Torch threads for the policy update: ``threads`` if > 0, else every core this process may use
+    (``os.sched_getaffinity``; Ray's default for an actor without CPUs is 1 thread)."""
+    if threads > 0:
+        return threads
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
 
-    def __init__(self, model_path: str, trainer_cfg: dict, seed: int = 0, threads: int | None = None):
-        if threads:
-            torch.set_num_threads(threads)
+
+class PolicyTrainerService:
+    """Loads the initial policy from ``model_path`` and trains it with ``TrainerConfig(**trainer_cfg)``; each
+    ``train_step`` runs with ``update_threads(trainer_cfg["threads"])`` torch threads and restores the
+    process's count afterwards (without Ray the rollout workers share this process)."""
+
+    def __init__(self, model_path: str, trainer_cfg: dict, seed: int = 0):
+        self.threads = update_threads(int(trainer_cfg.get("threads", 0)))
         torch.manual_seed(seed)
         self.trainer = PolicyTrainer(
             Transformer.from_pretrained(model_path), TrainerConfig(**trainer_cfg), seed=seed
@@ -24,7 +38,12 @@ class PolicyTrainerService:
         return self.trainer.version
 
     def train_step(self, samples: list[dict]) -> dict:
-        return self.trainer.train_step([RolloutSample(**s) for s in samples])
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            return self.trainer.train_step([RolloutSample(**s) for s in samples])
+        finally:
+            torch.set_num_threads(before)
 
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
         return self.trainer.policy_state_dict()

@@ -21,3 +21,10 @@ def test_off_in_a_yaml_file_and_a_bad_word_still_fails(tmp_path):
         load_config(None, ["rollout.speculative.drafter=yes"])  # read as true -> 'on': not a drafter
     with pytest.raises(ConfigError, match="rollout.speculative.drafterz"):
         load_config(None, ["rollout.speculative.drafterz=off"])  # unknown keys still fail
+
+
+def test_trainer_threads_defaults_to_all_cores_and_rejects_a_negative_count():
+    assert load_config(None).trainer.threads == 0  # 0 = every usable core
+    assert load_config(None, ["trainer.threads=3"]).trainer.threads == 3
+    with pytest.raises(ConfigError, match="trainer.threads"):
+        load_config(None, ["trainer.threads=-1"])
