@@ -246,7 +246,8 @@ class ControlPlane:
 
     def _connect_streams(self) -> None:
         streams = self.spot.call_all("address", [()] * len(self.spot))
-        self.rollout.call_all("connect_spot_trainer", [(streams,)] * len(self.rollout))
+        fraction = self.cfg.spot.stream_fraction
+        self.rollout.call_all("connect_spot_trainer", [(streams, fraction)] * len(self.rollout))
 
     def ensure_spot(self) -> list[int]:
         """At a phase boundary: every spot-trainer replica that died is started again on its checkpoint

@@ -19,6 +19,7 @@ import logging
 import os
 import threading
 import time
+import zlib
 from dataclasses import asdict, dataclass
 
 import torch
@@ -64,6 +65,12 @@ def build_drafters(
                 out["suffix"], eagle, float(learned.get("hybrid_threshold", 1.0)), forward_events=False
             )
     return out
+
+
+def streams_hidden(request_id: str, fraction: float) -> bool:
+    """Whether request ``request_id``'s hidden states go to the spot trainer when a ``fraction`` (0..1] of
+    requests is streamed: a hash of the id, so the choice is the same on every worker and every run."""
+    return zlib.crc32(request_id.encode()) % 10_000 < fraction * 10_000
 
 
 def strategy_from_config(spec: dict | None) -> Strategy:
@@ -378,11 +385,17 @@ class RolloutWorker:
         )
 
     # ------------------------------------------------------------------ hidden states -> spot trainer
-    def connect_spot_trainer(self, address: str | list[str]) -> bool:
+    def connect_spot_trainer(self, address: str | list[str], stream_fraction: float = 1.0) -> bool:
         """Stream committed tokens' hidden states (one frame per finished request) to the spot trainer (one
-        ZeroMQ endpoint, or several replicas' endpoints: frames are spread round-robin over them)."""
+        ZeroMQ endpoint, or several replicas' endpoints: frames are spread round-robin over them).
+
+        Only requests selected by ``streams_hidden(request_id, stream_fraction)`` are collected and sent
+        (``spot.stream_fraction``). Raises ValueError if ``stream_fraction`` is not in (0, 1]."""
+        if not 0.0 < stream_fraction <= 1.0:
+            raise ValueError(f"stream_fraction must be in (0, 1], got {stream_fraction}")
         if "learned" not in self.drafters:
             return False
+        self._stream_fraction = float(stream_fraction)
         from services.spot_trainer.stream import HiddenStateSender
 
         if getattr(self, "_sender", None) is not None:  # re-pointed after a replica restart
@@ -394,8 +407,11 @@ class RolloutWorker:
         return True
 
     hidden_sink = None
+    _stream_fraction = 1.0
 
     def _collect_hidden(self, request_id: str, positions: list[int], tokens: list[int], hidden) -> None:
+        if self._stream_fraction < 1.0 and not streams_hidden(request_id, self._stream_fraction):
+            return
         self._pending_hidden.setdefault(request_id, []).append((positions, tokens, hidden.clone()))
 
     def _flush_hidden(self, out) -> None:
