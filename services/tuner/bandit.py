@@ -609,7 +609,9 @@ class BucketedBandit:
             return [self.cfg.epsilon / len(others)] * len(others)
         n_arms = len(bucket.arms) - 1  # every arm but the best has a share, guarded or not
         share = self.cfg.epsilon / n_arms
-        ref = self._estimate(bucket.arms[best])
+        # the best can be an off without samples in a bucket where other arms have some (evidence merged from
+        # elsewhere): no reference then, and every arm keeps the full share
+        ref = self._estimate(bucket.arms[best]) if bucket.arms[best].window else math.nan
         out = []
         for n in others:
             st = bucket.arms[n]

@@ -443,3 +443,17 @@ def test_an_arm_guarded_at_a_small_batch_is_not_probed_at_larger_ones():
     feed(bandit, OFF, 8, 100, batch=4)
     assert not bandit.is_guarded(4, SUFFIX)
     assert "suffix-k8-w1" in bandit.table()["buckets"][6]["probe"]
+
+
+def test_a_table_builds_where_drafting_arms_have_samples_and_off_has_none():
+    # evidence merged from elsewhere can hold a few samples of other arms in a bucket off was never played
+    # in; the table used to fail on off's empty window (no reference to price exploration by)
+    cfg = BanditConfig(window=8, min_samples_for_guard=4, min_samples_for_best=4)
+    bandit = BucketedBandit([OFF, SUFFIX, NGRAM], cfg)
+    feed(bandit, SUFFIX, 2, 100, batch=16)
+    feed(bandit, NGRAM, 3, 50, batch=16)
+    b = bandit.table()["buckets"][bandit.bucket_of(16)]
+    assert b["best"] == "off"  # too few samples to displace it
+    assert b["probe"] == ["off", "suffix-k8-w1", "ngram-k3-w1"]  # off first, then the under-sampled arms
+    assert b["explore"] == ["suffix-k8-w1", "ngram-k3-w1"]
+    assert b["explore_p"] == [cfg.epsilon / 2] * 2  # no reference to price by: the full share
