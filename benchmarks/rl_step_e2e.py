@@ -2,13 +2,20 @@
 seed and prompts, over several steps; step-time breakdown (rollout, reward, policy update, weight sync, drafter
 training in bubbles) and the end-to-end speedup (ratio of total step time).
 
-    python -m benchmarks.rl_step_e2e [--steps 4] [--pairs 2] [--out benchmarks/results] [dotted.key=value ...]
+    python -m benchmarks.rl_step_e2e [--steps 4] [--pairs 2] [--warm-tuner-steps 4] [--out benchmarks/results]
+        [dotted.key=value ...]
 
-One RL run is stateful, so the two systems cannot be interleaved step by step; instead ``--pairs`` pairs of
-whole runs alternate in ABBA order (adaptive, off, off, adaptive, ...), so a linear drift of the machine's load
-cancels. Reported: the ratio of the summed step times over all runs (``end_to_end_speedup``, likewise for
-the rollout phase), each pair's own ratio (the spread says how far to trust it), and per-run totals; the JSON
-records the load average at the start of each run.
+Systems: speculation off; ``adaptive`` (tuner + drafters + bubble training, a cold tuner); ``adaptive_warm``
+(the same, its tuner started from the state an unmeasured ``--warm-tuner-steps``-step run on other prompts
+left, ``tuner.init_state``: what a user's second run on the same model and machine gets; the tuner's evidence
+phase, each arm probed in each bucket, takes ~5 rollouts, the length of this whole benchmark).
+
+One RL run is stateful, so the systems cannot be interleaved step by step; instead ``--pairs`` rounds of
+whole runs alternate in ABBA order (adaptive, warm, off, off, warm, adaptive, ...), so a linear drift of the
+machine's load cancels. Reported: the ratio of the summed step times over all runs (``end_to_end_speedup``,
+likewise for the rollout phase; ``warm`` holds the same for the warm system), each round's own ratios (the
+spread says how far to trust them), and per-run totals; the JSON records the load average at the start of
+each run.
 """
 
 from __future__ import annotations
@@ -17,11 +24,13 @@ import argparse
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.machine import describe_machine
 from benchmarks.runs import train_rows
 
+WARMUP_SEED = 1  # the tuner warm-up run's seed (the measured runs use the config's, 0)
 PHASES = (
     "rollout_seconds",
     "reward_seconds",
@@ -59,25 +68,53 @@ def _speedups(off: dict, full: dict) -> tuple[float, float]:
     return o["step_seconds"] / f["step_seconds"], o["rollout_seconds"] / f["rollout_seconds"]
 
 
+def run_order(pair: int, systems: Sequence[str]) -> list[str]:
+    """The order of the systems' runs in pair ``pair``: as listed for even pairs, reversed for odd ones
+    (A B C, C B A, ...), so that a linear drift of the machine's load cancels over two pairs."""
+    return list(systems) if pair % 2 == 0 else list(reversed(systems))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--pairs", type=int, default=2, help="pairs of runs (adaptive + off), ABBA order")
+    ap.add_argument("--pairs", type=int, default=2, help="rounds of runs (one per system each), ABBA order")
+    ap.add_argument(
+        "--warm-tuner-steps",
+        type=int,
+        default=4,
+        help="steps of the unmeasured run whose tuner state the adaptive-warm runs start from (0: no such system)",
+    )
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args(argv)
-    if a.pairs < 1 or a.steps < 1:
-        raise SystemExit(f"--pairs and --steps must be >= 1 (got {a.pairs}, {a.steps})")
+    if a.pairs < 1 or a.steps < 1 or a.warm_tuner_steps < 0:
+        raise SystemExit(
+            f"--pairs and --steps must be >= 1, --warm-tuner-steps >= 0 "
+            f"(got {a.pairs}, {a.steps}, {a.warm_tuner_steps})"
+        )
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    off_overrides = ["tuner.enabled=false", "rollout.speculative.enabled=false", "spot.enabled=false"]
+    extra = {
+        "adaptive": [],
+        "off": ["tuner.enabled=false", "rollout.speculative.enabled=false", "spot.enabled=false"],
+    }
     pairs = []
     with tempfile.TemporaryDirectory() as tmp:
+        if a.warm_tuner_steps:
+            # another seed (other prompts): only the arms' costs on this model and machine carry over
+            warm_dir = Path(tmp) / "tuner-warmup"
+            print(f"tuner warm-up run: {a.warm_tuner_steps} steps, run.seed={WARMUP_SEED}", flush=True)
+            _run(warm_dir, a.warm_tuner_steps, [f"run.seed={WARMUP_SEED}", *a.overrides])
+            state = warm_dir / "checkpoints" / "tuner_state.json"
+            if not state.is_file():
+                raise SystemExit(f"the tuner warm-up run left no tuner state at {state}")
+            extra["adaptive_warm"] = [f"tuner.init_state={state}"]
+        systems = [s for s in ("adaptive", "adaptive_warm", "off") if s in extra]
         for i in range(a.pairs):
             runs = {}
-            for name in ("adaptive", "off") if i % 2 == 0 else ("off", "adaptive"):
-                extra = off_overrides if name == "off" else []
-                runs[name] = _run(Path(tmp) / f"{name}-{i}", a.steps, [*extra, *a.overrides])
+            for name in run_order(i, systems):
+                print(f"round {i + 1}/{a.pairs}: {name}", flush=True)
+                runs[name] = _run(Path(tmp) / f"{name}-{i}", a.steps, [*extra[name], *a.overrides])
             pairs.append(runs)
     full = _mean_runs([p["adaptive"] for p in pairs])
     off = _mean_runs([p["off"] for p in pairs])
@@ -95,21 +132,44 @@ def main(argv=None) -> None:
                 zip(("end_to_end_speedup", "rollout_speedup"), _speedups(p["off"], p["adaptive"])),
                 adaptive=p["adaptive"],
                 speculation_off=p["off"],
+                **(
+                    dict(
+                        zip(
+                            ("warm_end_to_end_speedup", "warm_rollout_speedup"),
+                            _speedups(p["off"], p["adaptive_warm"]),
+                        ),
+                        adaptive_warm=p["adaptive_warm"],
+                    )
+                    if "adaptive_warm" in p
+                    else {}
+                ),
             )
             for p in pairs
         ],
     }
-    (out / "rl_step_e2e.json").write_text(json.dumps(res, indent=2) + "\n")
+    if "adaptive_warm" in systems:
+        warm = _mean_runs([p["adaptive_warm"] for p in pairs])
+        w_speedup, w_rollout = _speedups(off, warm)
+        res["adaptive_warm"] = warm
+        res["warm"] = {
+            "end_to_end_speedup": w_speedup,
+            "rollout_speedup": w_rollout,
+            "warmup_steps": a.warm_tuner_steps,
+            "warmup_seed": WARMUP_SEED,
+        }
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 3.8))
-    names = ("speculation off", "adaptive (tuner + bubbles)")
-    left = [0.0, 0.0]
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    shown = [("speculation off", off), ("adaptive (tuner + bubbles)", full)]
+    if "adaptive_warm" in res:
+        shown.append((f"adaptive, tuner from a {a.warm_tuner_steps}-step run", res["adaptive_warm"]))
+    names = [n for n, _ in shown]
+    left = [0.0] * len(shown)
     for k in PHASES:
-        vals = [off["totals"][k], full["totals"][k]]
+        vals = [d["totals"][k] for _, d in shown]
         if k == "bubble_trained_seconds":  # overlaps the rollout phase: drawn apart, hatched
             ax.barh(names, vals, left=left, hatch="//", alpha=0.5, label="drafter training (inside rollout)")
             continue
@@ -117,10 +177,11 @@ def main(argv=None) -> None:
         left = [x + v for x, v in zip(left, vals)]
     ax.set_xlabel(f"seconds over {a.steps} RL steps (mean of {a.pairs} run(s) each)")
     spread = ", ".join(f"{p['end_to_end_speedup']:.2f}" for p in res["per_pair"])
-    ax.set_title(
-        f"End-to-end RL step: speedup {speedup:.2f}x (rollout {rollout_speedup:.2f}x; pairs {spread})",
-        fontsize=10,
-    )
+    title = f"End-to-end RL step: speedup {speedup:.2f}x (rollout {rollout_speedup:.2f}x; pairs {spread})"
+    if "warm" in res:
+        w = res["warm"]
+        title += f"\nwarm tuner: {w['end_to_end_speedup']:.2f}x (rollout {w['rollout_speedup']:.2f}x)"
+    ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(out / "rl_step_e2e.png", dpi=110)
@@ -132,6 +193,7 @@ def main(argv=None) -> None:
                 "per_pair": [(p["end_to_end_speedup"], p["rollout_speedup"]) for p in res["per_pair"]],
                 "adaptive": full["totals"],
                 "off": off["totals"],
+                "warm": res.get("warm"),
             },
             indent=1,
         )

@@ -20,8 +20,9 @@ never compete for the cores:
    batch 1 vs reading the weights once) and the target's decode forward at batch 64.
 3. ``drafter_propose_cost`` with ``--target-forward-ms`` = that forward time (read from
    ``rollout_longtail.json``; measured here on the default policy when that benchmark did not run).
-4. ``rl_step_e2e``: the end-to-end RL step, adaptive system vs speculation off, 2 pairs of runs in ABBA order
-   (``--quick``: 2 steps, 1 pair; ``--full``: 3 pairs).
+4. ``rl_step_e2e``: the end-to-end RL step, adaptive system (cold tuner, and tuner started from a 4-step
+   run's state) vs speculation off, 2 rounds of runs in ABBA order (``--quick``: 2 steps, 1 round, a 2-step
+   tuner warm-up; ``--full``: 3 rounds).
 
 ``summary.md`` concatenates the benchmarks' tables (``rollout_longtail.md``; tables rendered from
 ``drafter_propose_cost.json`` and ``spot_training_effect.json``) with the machine described. A benchmark
@@ -163,11 +164,30 @@ def e2e_markdown(path: Path) -> str:
             for p in d.get("per_pair", [])
         )
         + ".",
-        "",
-        "| total over the steps (mean per run) | speculation off | adaptive |",
-        "|---|---:|---:|",
     ]
-    lines += [f"| {k} | {o.get(k, 0):.1f} | {a.get(k, 0):.1f} |" for k in rows]
+    w = d.get("adaptive_warm", {}).get("totals")
+    if w is not None:
+        ws = d["warm"]
+        lines.append(
+            f"With the tuner started from a {ws['warmup_steps']}-step run's state (`tuner.init_state`, other "
+            f"prompts): end-to-end {ws['end_to_end_speedup']:.2f}x, rollout {ws['rollout_speedup']:.2f}x; per "
+            "round: "
+            + ", ".join(
+                f"{p['warm_end_to_end_speedup']:.2f}x (rollout {p['warm_rollout_speedup']:.2f}x)"
+                for p in d.get("per_pair", [])
+            )
+            + "."
+        )
+    lines += [
+        "",
+        "| total over the steps (mean per run) | speculation off | adaptive |"
+        + (" adaptive, warm tuner |" if w else ""),
+        "|---|---:|---:|" + ("---:|" if w else ""),
+    ]
+    lines += [
+        f"| {k} | {o.get(k, 0):.1f} | {a.get(k, 0):.1f} |" + (f" {w.get(k, 0):.1f} |" if w else "")
+        for k in rows
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -243,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         if name == "spot_training_effect":
             extra += ["--export-drafter", str(LEARNED_DIR)]
         if name == "rl_step_e2e":
-            extra += ["--pairs", "1"] if args.quick else ["--pairs", "3"] if args.full else []
+            extra += ["--pairs", "1", "--warm-tuner-steps", "2"] if args.quick else []
+            extra += ["--pairs", "3"] if args.full else []
         if name == "drafter_propose_cost":
             extra += ["--out", str(results / "drafter_propose_cost.json")]
             try:

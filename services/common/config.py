@@ -113,10 +113,13 @@ class TunerSection:
     ``learned_min_top1``: the learned drafter's arms (``learned``, ``hybrid``) stay out of the strategy table
     until the spot trainer's latest top-1 accuracy (the head predicting the policy's next token on fresh
     hidden states) reaches it; before that, probing an untrained head only slows rollouts. 0 = always in.
+    ``init_state``: an earlier run's ``checkpoints/tuner_state.json`` to start from (same model and machine:
+    the arms' costs carry over; the learned drafter's arms start afresh); null = a cold tuner.
     """
 
     enabled: bool = True
     learned_min_top1: float = 0.5
+    init_state: str | None = None
     arms: list[Any] | None = None
     bandit: dict[str, Any] = field(default_factory=dict)
     budgets: dict[str, Any] = field(default_factory=dict)
@@ -251,8 +254,15 @@ def _validate(cfg: Config) -> None:
     try:
         if cfg.tuner.arms is not None:
             parse_arms(cfg.tuner.arms, "tuner.arms")
-        BanditConfig.from_dict(cfg.tuner.bandit, "tuner.bandit")
+        bandit_cfg = BanditConfig.from_dict(cfg.tuner.bandit, "tuner.bandit")
         BudgetConfig.from_dict(cfg.tuner.budgets, "tuner.budgets")
+        if cfg.tuner.enabled and cfg.tuner.init_state is not None:
+            from services.tuner.arms import default_arms
+            from services.tuner.bandit import BucketedBandit
+            from services.tuner.service import load_state_file
+
+            arms = parse_arms(cfg.tuner.arms, "tuner.arms") if cfg.tuner.arms is not None else default_arms()
+            load_state_file(BucketedBandit(arms, bandit_cfg), cfg.tuner.init_state)  # fails before any start
     except TunerConfigError as e:
         raise ConfigError(str(e)) from None
 

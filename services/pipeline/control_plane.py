@@ -114,7 +114,7 @@ class ControlPlane:
             ckpt = str(self.run_dir / "checkpoints" / "tuner_state.json")
             self.tuner = ActorPool.create(
                 TunerService,
-                [(cfg.tuner.arms, dict(cfg.tuner.bandit), self.available_drafters, ckpt)],
+                [(cfg.tuner.arms, dict(cfg.tuner.bandit), self.available_drafters, ckpt, cfg.tuner.init_state)],
                 self.use_ray,
                 num_cpus=0,
             )

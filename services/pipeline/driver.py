@@ -532,6 +532,7 @@ class RLDriver:
         return {
             "tuner": {
                 "table_version": rows[-1]["table_version"],
+                "init_state": self.cfg.tuner.init_state,  # an earlier run's tuner state it started from
                 "observations_total": sum(t["observations"] for t in rows),
                 "choices_total": choices,
                 "best_by_bucket": rows[-1]["best_by_bucket"],

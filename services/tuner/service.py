@@ -4,7 +4,11 @@ Plain Python, hosted as a Ray actor (or in-process) that serves ``tailspec.v1.Tu
 (``serve()``; see ``services/tuner/grpc_service.py``): rollout actors report observations there, the driver
 fetches tables there. Its state (the bandit's windows, guards and RNG) is checkpointed to
 ``checkpoint_path`` after every merge (atomic write) and restored on start, so a restarted tuner resumes
-where it stopped.
+where it stopped. A new run can start from an earlier run's state instead (``init_state``, config key
+``tuner.init_state``): the arms' costs per batch size are a property of the model and the machine, so the
+evidence phase (each arm probed and guarded in every bucket: the first ~5 rollouts, measured in
+``benchmarks/rollout_longtail.py``) need not be paid again. The learned drafter's arms (``learned``,
+``hybrid``) start afresh, since the new run trains a new head.
 """
 
 from __future__ import annotations
@@ -14,8 +18,26 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from services.tuner.arms import Arm, default_arms, parse_arms
+from services.tuner.arms import Arm, Drafter, TunerConfigError, default_arms, parse_arms
 from services.tuner.bandit import BanditConfig, BucketedBandit
+
+
+def load_state_file(bandit: BucketedBandit, path: str, key: str = "tuner.init_state") -> dict:
+    """Load a tuner checkpoint (``TunerService.save``'s JSON) into ``bandit``; returns the file's dict.
+
+    Raises:
+        TunerConfigError: the file is missing, not JSON, or its state does not fit ``bandit`` (other bucket
+            edges, another format); the message names ``key`` and ``path``.
+    """
+    try:
+        with open(path) as f:
+            state = json.load(f)
+        bandit.load_state_dict(state["bandit"])
+    except FileNotFoundError:
+        raise TunerConfigError(f"{key}: no such file {path!r}") from None
+    except (OSError, ValueError, KeyError, TypeError, TunerConfigError) as e:
+        raise TunerConfigError(f"{key}: cannot load tuner state from {path!r}: {e}") from None
+    return state
 
 
 class TunerService:
@@ -25,6 +47,7 @@ class TunerService:
         bandit: Mapping[str, Any] | None = None,
         available_drafters: Iterable[str] | None = None,
         checkpoint_path: str | None = None,
+        init_state: str | None = None,
     ):
         parsed: list[Arm] = parse_arms(arms, "tuner.arms") if arms is not None else default_arms()
         if available_drafters is not None:
@@ -34,13 +57,16 @@ class TunerService:
         self.bandit = BucketedBandit(parsed, BanditConfig.from_dict(dict(bandit or {}), "tuner.bandit"))
         self.checkpoint_path = checkpoint_path
         self.merged = 0
-        self.restored = False
+        self.restored = False  # resumed this run's own checkpoint
+        self.warm_started = False  # started from init_state (another run's)
         if checkpoint_path and os.path.isfile(checkpoint_path):
-            with open(checkpoint_path) as f:
-                state = json.load(f)
-            self.bandit.load_state_dict(state["bandit"])
+            state = load_state_file(self.bandit, checkpoint_path, "tuner checkpoint")
             self.merged = int(state.get("merged", 0))
             self.restored = True
+        elif init_state:
+            load_state_file(self.bandit, init_state)
+            self.bandit.reset_arms(Drafter.LEARNED)  # a new head: its arms' (and hybrid's) evidence is stale
+            self.warm_started = True
         self._table = self.bandit.table()
         self.server = None
 
