@@ -112,9 +112,11 @@ class ControlPlane:
             from services.tuner.service import TunerService
 
             ckpt = str(self.run_dir / "checkpoints" / "tuner_state.json")
+            # absolute: the tuner actor's working directory may differ from the driver's
+            init = str(Path(cfg.tuner.init_state).resolve()) if cfg.tuner.init_state else None
             self.tuner = ActorPool.create(
                 TunerService,
-                [(cfg.tuner.arms, dict(cfg.tuner.bandit), self.available_drafters, ckpt, cfg.tuner.init_state)],
+                [(cfg.tuner.arms, dict(cfg.tuner.bandit), self.available_drafters, ckpt, init)],
                 self.use_ray,
                 num_cpus=0,
             )
