@@ -157,6 +157,7 @@ def main(argv=None) -> None:
             "warmup_steps": a.warm_tuner_steps,
             "warmup_seed": WARMUP_SEED,
         }
+    (out / "rl_step_e2e.json").write_text(json.dumps(res, indent=2) + "\n")
     import matplotlib
 
     matplotlib.use("Agg")

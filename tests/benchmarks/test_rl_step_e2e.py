@@ -60,3 +60,45 @@ def test_e2e_markdown_shows_the_warm_tuner_column_and_ratios(tmp_path):
         del d[k]
     f.write_text(json.dumps(d))
     assert "| rollout_seconds | 12.0 | 15.0 |\n" in e2e_markdown(f)
+
+
+def test_main_writes_json_and_png_with_every_system(tmp_path, monkeypatch):
+    """The whole driver with the training runs faked: run order, warm-up hand-over and the files written."""
+    import benchmarks.rl_step_e2e as e2e
+
+    calls = []
+    seconds = {"adaptive": 66.0, "adaptive_warm": 62.0, "off": 60.0}
+
+    def fake_run(run_dir, steps, overrides):
+        name = run_dir.name.rsplit("-", 1)[0]
+        calls.append((name, steps, list(overrides)))
+        if name == "tuner":  # the warm-up run leaves its tuner state behind
+            (run_dir / "checkpoints").mkdir(parents=True)
+            (run_dir / "checkpoints" / "tuner_state.json").write_text("{}")
+            return {}
+        system = "adaptive_warm" if any(o.startswith("tuner.init_state=") for o in overrides) else name
+        if "tuner.enabled=false" in overrides:
+            system = "off"
+        step = {
+            "step": 1,
+            "step_seconds": seconds[system],
+            "tokens_generated": 10,
+            **dict.fromkeys(e2e.PHASES, 1.0),
+        }
+        return {
+            "load_avg_at_start": (0, 0, 0),
+            "steps": [step],
+            "totals": {k: v for k, v in step.items() if k != "step"},
+        }
+
+    monkeypatch.setattr(e2e, "_run", fake_run)
+    e2e.main(["--steps", "3", "--pairs", "2", "--warm-tuner-steps", "2", "--out", str(tmp_path), "x.y=1"])
+    names = [c[0] for c in calls]
+    assert names == ["tuner", "adaptive", "adaptive_warm", "off", "off", "adaptive_warm", "adaptive"]
+    assert calls[0][1] == 2 and "run.seed=1" in calls[0][2]  # the warm-up: its own steps and seed
+    assert all(c[1] == 3 and c[2][-1] == "x.y=1" for c in calls[1:])  # user overrides reach every run
+    d = json.loads((tmp_path / "rl_step_e2e.json").read_text())
+    assert round(d["end_to_end_speedup"], 6) == round(60 / 66, 6)
+    assert round(d["warm"]["end_to_end_speedup"], 6) == round(60 / 62, 6)
+    assert len(d["per_pair"]) == 2 and "warm_end_to_end_speedup" in d["per_pair"][0]
+    assert (tmp_path / "rl_step_e2e.png").stat().st_size > 1000
