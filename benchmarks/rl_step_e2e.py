@@ -74,6 +74,42 @@ def run_order(pair: int, systems: Sequence[str]) -> list[str]:
     return list(systems) if pair % 2 == 0 else list(reversed(systems))
 
 
+def plot(res: dict, path: Path) -> None:
+    """Stacked step-time bars per system (``res``: this benchmark's JSON) with the speedups in the title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    shown = [("speculation off", res["speculation_off"]), ("adaptive (tuner + bubbles)", res["adaptive"])]
+    if "adaptive_warm" in res:
+        shown.append((f"adaptive, tuner from a {res['warm']['warmup_steps']}-step run", res["adaptive_warm"]))
+    names = [n for n, _ in shown]
+    left = [0.0] * len(shown)
+    for k in PHASES:
+        vals = [d["totals"][k] for _, d in shown]
+        if k == "bubble_trained_seconds":  # overlaps the rollout phase: drawn apart, hatched
+            ax.barh(names, vals, left=left, hatch="//", alpha=0.5, label="drafter training (inside rollout)")
+            continue
+        ax.barh(names, vals, left=left, label=k.replace("_seconds", ""))
+        left = [x + v for x, v in zip(left, vals)]
+    ax.set_xlabel(f"seconds over {res['steps']} RL steps (mean of {res['pairs']} run(s) each)")
+    spread = ", ".join(f"{p['end_to_end_speedup']:.2f}" for p in res["per_pair"])
+    title = (
+        f"End-to-end RL step: speedup {res['end_to_end_speedup']:.2f}x "
+        f"(rollout {res['rollout_speedup']:.2f}x; rounds {spread})"
+    )
+    if "warm" in res:
+        w = res["warm"]
+        title += f"\nwarm tuner: {w['end_to_end_speedup']:.2f}x (rollout {w['rollout_speedup']:.2f}x)"
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=4)
@@ -158,34 +194,7 @@ def main(argv=None) -> None:
             "warmup_seed": WARMUP_SEED,
         }
     (out / "rl_step_e2e.json").write_text(json.dumps(res, indent=2) + "\n")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    shown = [("speculation off", off), ("adaptive (tuner + bubbles)", full)]
-    if "adaptive_warm" in res:
-        shown.append((f"adaptive, tuner from a {a.warm_tuner_steps}-step run", res["adaptive_warm"]))
-    names = [n for n, _ in shown]
-    left = [0.0] * len(shown)
-    for k in PHASES:
-        vals = [d["totals"][k] for _, d in shown]
-        if k == "bubble_trained_seconds":  # overlaps the rollout phase: drawn apart, hatched
-            ax.barh(names, vals, left=left, hatch="//", alpha=0.5, label="drafter training (inside rollout)")
-            continue
-        ax.barh(names, vals, left=left, label=k.replace("_seconds", ""))
-        left = [x + v for x, v in zip(left, vals)]
-    ax.set_xlabel(f"seconds over {a.steps} RL steps (mean of {a.pairs} run(s) each)")
-    spread = ", ".join(f"{p['end_to_end_speedup']:.2f}" for p in res["per_pair"])
-    title = f"End-to-end RL step: speedup {speedup:.2f}x (rollout {rollout_speedup:.2f}x; pairs {spread})"
-    if "warm" in res:
-        w = res["warm"]
-        title += f"\nwarm tuner: {w['end_to_end_speedup']:.2f}x (rollout {w['rollout_speedup']:.2f}x)"
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(out / "rl_step_e2e.png", dpi=110)
+    plot(res, out / "rl_step_e2e.png")
     print(
         json.dumps(
             {
