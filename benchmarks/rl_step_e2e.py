@@ -68,6 +68,23 @@ def _speedups(off: dict, full: dict) -> tuple[float, float]:
     return o["step_seconds"] / f["step_seconds"], o["rollout_seconds"] / f["rollout_seconds"]
 
 
+def _round_result(p: dict) -> dict:
+    """One round's ratios (each system against that round's off run) and its runs' results."""
+    e2e, rollout = _speedups(p["off"], p["adaptive"])
+    out = {
+        "end_to_end_speedup": e2e,
+        "rollout_speedup": rollout,
+        "adaptive": p["adaptive"],
+        "speculation_off": p["off"],
+    }
+    if "adaptive_warm" in p:
+        w_e2e, w_rollout = _speedups(p["off"], p["adaptive_warm"])
+        out.update(
+            warm_end_to_end_speedup=w_e2e, warm_rollout_speedup=w_rollout, adaptive_warm=p["adaptive_warm"]
+        )
+    return out
+
+
 def run_order(pair: int, systems: Sequence[str]) -> list[str]:
     """The order of the systems' runs in pair ``pair``: as listed for even pairs, reversed for odd ones
     (A B C, C B A, ...), so that a linear drift of the machine's load cancels over two pairs."""
@@ -163,25 +180,7 @@ def main(argv=None) -> None:
         "speculation_off": off,
         "end_to_end_speedup": speedup,
         "rollout_speedup": rollout_speedup,
-        "per_pair": [
-            dict(
-                zip(("end_to_end_speedup", "rollout_speedup"), _speedups(p["off"], p["adaptive"])),
-                adaptive=p["adaptive"],
-                speculation_off=p["off"],
-                **(
-                    dict(
-                        zip(
-                            ("warm_end_to_end_speedup", "warm_rollout_speedup"),
-                            _speedups(p["off"], p["adaptive_warm"]),
-                        ),
-                        adaptive_warm=p["adaptive_warm"],
-                    )
-                    if "adaptive_warm" in p
-                    else {}
-                ),
-            )
-            for p in pairs
-        ],
+        "per_pair": [_round_result(p) for p in pairs],
     }
     if "adaptive_warm" in systems:
         warm = _mean_runs([p["adaptive_warm"] for p in pairs])
