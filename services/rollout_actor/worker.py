@@ -67,6 +67,9 @@ def build_drafters(
     return out
 
 
+_UNDECIDED = object()  # a request whose hidden-state streaming is not decided yet
+
+
 def streams_hidden(request_id: str, fraction: float) -> bool:
     """Whether request ``request_id``'s hidden states go to the spot trainer when a ``fraction`` (0..1] of
     requests is streamed: a hash of the id, so the choice is the same on every worker and every run."""
@@ -401,7 +404,7 @@ class RolloutWorker:
         if getattr(self, "_sender", None) is not None:  # re-pointed after a replica restart
             self._sender.close()
         self._sender = HiddenStateSender(address, hwm=1024)
-        self._pending_hidden: dict[str, list] = {}
+        self._pending_hidden: dict[str, list | None] = {}  # None: a request that is not streamed
         self.hidden_sink = self._collect_hidden
         self.engine = self._new_engine(self.drafters, self.engine.policy)
         return True
@@ -410,9 +413,12 @@ class RolloutWorker:
     _stream_fraction = 1.0
 
     def _collect_hidden(self, request_id: str, positions: list[int], tokens: list[int], hidden) -> None:
-        if self._stream_fraction < 1.0 and not streams_hidden(request_id, self._stream_fraction):
-            return
-        self._pending_hidden.setdefault(request_id, []).append((positions, tokens, hidden.clone()))
+        parts = self._pending_hidden.get(request_id, _UNDECIDED)
+        if parts is _UNDECIDED:  # decided once per request (None: not streamed), dropped at its finish
+            parts = [] if streams_hidden(request_id, self._stream_fraction) else None
+            self._pending_hidden[request_id] = parts
+        if parts is not None:
+            parts.append((positions, tokens, hidden.clone()))
 
     def _flush_hidden(self, out) -> None:
         parts = self._pending_hidden.pop(out.request_id, None) if self.hidden_sink else None
