@@ -108,6 +108,7 @@ class ShardResult:
     steps: list[StepRecord]
     choices: dict | None = None  # tuner arm -> decode steps it was chosen for (None without a tuner)
     observations_reported: int = 0  # observations sent to the tuner at the end of this shard
+    demotions: int = 0  # buckets whose drafting best this actor demoted to off (TablePolicy), this shard
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -528,9 +529,12 @@ class RolloutWorker:
             c["drafted_tokens"] += sum(s.drafted for s in steps)
             c["accepted_tokens"] += sum(s.accepted for s in steps)
             choices, reported = self._report_observations()
+            demotions = 0
+            if self.tuned is not None:
+                demotions, self.tuned.table.demotions = sum(self.tuned.table.demotions.values()), {}
         self._index_history_async()
         return ShardResult(
-            self.worker_id, self.policy_version, started, finished, outs, steps, choices, reported
+            self.worker_id, self.policy_version, started, finished, outs, steps, choices, reported, demotions
         )
 
     def measure_speedup(self, requests: list[RolloutRequest], repeats: int = 1) -> dict:

@@ -54,10 +54,12 @@ def table_to_pb(table: Mapping[str, Any]) -> common_pb2.StrategyTable:
         )
         if b.get("hi") is not None:
             msg.hi = int(b["hi"])
+        if b.get("off_estimate") is not None:
+            msg.off_estimate = float(b["off_estimate"])
         buckets.append(msg)
     created = Timestamp()
     created.GetCurrentTime()
-    return common_pb2.StrategyTable(
+    pb = common_pb2.StrategyTable(
         version=int(table["version"]),
         epsilon=float(table["epsilon"]),
         bucket_edges=[int(e) for e in table.get("bucket_edges", [])],
@@ -65,6 +67,9 @@ def table_to_pb(table: Mapping[str, Any]) -> common_pb2.StrategyTable:
         buckets=buckets,
         created_at=created,
     )
+    if table.get("demote"):
+        pb.demote.CopyFrom(common_pb2.DemoteSettings(**table["demote"]))
+    return pb
 
 
 def table_from_pb(pb: common_pb2.StrategyTable) -> dict[str, Any]:
@@ -92,9 +97,19 @@ def table_from_pb(pb: common_pb2.StrategyTable) -> dict[str, Any]:
                 "probe": list(b.probe),
                 "guarded": list(b.guarded),
                 "explore_p": list(b.explore_p),
+                "off_estimate": b.off_estimate if b.HasField("off_estimate") else None,
             }
             for b in pb.buckets
         ],
+        "demote": {
+            "samples": int(pb.demote.samples),
+            "z": pb.demote.z,
+            "margin": pb.demote.margin,
+            "cv_floor": pb.demote.cv_floor,
+            "stall_cap": pb.demote.stall_cap,
+        }
+        if pb.HasField("demote")
+        else None,
     }
 
 

@@ -202,7 +202,7 @@ class Arm(_message.Message):
     def __init__(self, name: _Optional[str] = ..., drafter: _Optional[_Union[Drafter, str]] = ..., max_draft_tokens: _Optional[int] = ..., tree_width: _Optional[int] = ..., tree_depth: _Optional[int] = ...) -> None: ...
 
 class StrategyBucket(_message.Message):
-    __slots__ = ("bucket", "lo", "hi", "best", "explore", "probe", "guarded", "explore_p")
+    __slots__ = ("bucket", "lo", "hi", "best", "explore", "probe", "guarded", "explore_p", "off_estimate")
     BUCKET_FIELD_NUMBER: _ClassVar[int]
     LO_FIELD_NUMBER: _ClassVar[int]
     HI_FIELD_NUMBER: _ClassVar[int]
@@ -211,6 +211,7 @@ class StrategyBucket(_message.Message):
     PROBE_FIELD_NUMBER: _ClassVar[int]
     GUARDED_FIELD_NUMBER: _ClassVar[int]
     EXPLORE_P_FIELD_NUMBER: _ClassVar[int]
+    OFF_ESTIMATE_FIELD_NUMBER: _ClassVar[int]
     bucket: int
     lo: int
     hi: int
@@ -219,10 +220,25 @@ class StrategyBucket(_message.Message):
     probe: _containers.RepeatedScalarFieldContainer[str]
     guarded: _containers.RepeatedScalarFieldContainer[str]
     explore_p: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, bucket: _Optional[int] = ..., lo: _Optional[int] = ..., hi: _Optional[int] = ..., best: _Optional[str] = ..., explore: _Optional[_Iterable[str]] = ..., probe: _Optional[_Iterable[str]] = ..., guarded: _Optional[_Iterable[str]] = ..., explore_p: _Optional[_Iterable[float]] = ...) -> None: ...
+    off_estimate: float
+    def __init__(self, bucket: _Optional[int] = ..., lo: _Optional[int] = ..., hi: _Optional[int] = ..., best: _Optional[str] = ..., explore: _Optional[_Iterable[str]] = ..., probe: _Optional[_Iterable[str]] = ..., guarded: _Optional[_Iterable[str]] = ..., explore_p: _Optional[_Iterable[float]] = ..., off_estimate: _Optional[float] = ...) -> None: ...
+
+class DemoteSettings(_message.Message):
+    __slots__ = ("samples", "z", "margin", "cv_floor", "stall_cap")
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    Z_FIELD_NUMBER: _ClassVar[int]
+    MARGIN_FIELD_NUMBER: _ClassVar[int]
+    CV_FLOOR_FIELD_NUMBER: _ClassVar[int]
+    STALL_CAP_FIELD_NUMBER: _ClassVar[int]
+    samples: int
+    z: float
+    margin: float
+    cv_floor: float
+    stall_cap: float
+    def __init__(self, samples: _Optional[int] = ..., z: _Optional[float] = ..., margin: _Optional[float] = ..., cv_floor: _Optional[float] = ..., stall_cap: _Optional[float] = ...) -> None: ...
 
 class StrategyTable(_message.Message):
-    __slots__ = ("version", "epsilon", "bucket_edges", "arms", "buckets", "drafter_version", "created_at")
+    __slots__ = ("version", "epsilon", "bucket_edges", "arms", "buckets", "drafter_version", "created_at", "demote")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EPSILON_FIELD_NUMBER: _ClassVar[int]
     BUCKET_EDGES_FIELD_NUMBER: _ClassVar[int]
@@ -230,6 +246,7 @@ class StrategyTable(_message.Message):
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_VERSION_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    DEMOTE_FIELD_NUMBER: _ClassVar[int]
     version: int
     epsilon: float
     bucket_edges: _containers.RepeatedScalarFieldContainer[int]
@@ -237,7 +254,8 @@ class StrategyTable(_message.Message):
     buckets: _containers.RepeatedCompositeFieldContainer[StrategyBucket]
     drafter_version: int
     created_at: _timestamp_pb2.Timestamp
-    def __init__(self, version: _Optional[int] = ..., epsilon: _Optional[float] = ..., bucket_edges: _Optional[_Iterable[int]] = ..., arms: _Optional[_Iterable[_Union[Arm, _Mapping]]] = ..., buckets: _Optional[_Iterable[_Union[StrategyBucket, _Mapping]]] = ..., drafter_version: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    demote: DemoteSettings
+    def __init__(self, version: _Optional[int] = ..., epsilon: _Optional[float] = ..., bucket_edges: _Optional[_Iterable[int]] = ..., arms: _Optional[_Iterable[_Union[Arm, _Mapping]]] = ..., buckets: _Optional[_Iterable[_Union[StrategyBucket, _Mapping]]] = ..., drafter_version: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., demote: _Optional[_Union[DemoteSettings, _Mapping]] = ...) -> None: ...
 
 class ServiceInfo(_message.Message):
     __slots__ = ("service", "instance_id", "address", "version", "started_at", "uptime_seconds", "message")
