@@ -963,30 +963,42 @@ def verdicts(table: dict, fixed: list[str], lengths: dict | None = None) -> dict
     return per_b
 
 
+def _nearest(by_b: dict[int, float], b: int) -> float:
+    """``by_b[b]``, else the value at the nearest key (the lower one on a tie)."""
+    return by_b[b] if b in by_b else by_b[min(by_b, key=lambda x: (abs(x - b), x))]
+
+
 def exploration_regret(runs: list[RunResult], plain: list[RunResult]) -> list[dict]:
     """Per adaptive rollout (warm-up and measured): the time its drafting steps cost beyond what off would
     have needed for the same tokens, as a share of its decode time. A step at batch b that committed n
     tokens in s seconds costs ``s - n * t_off(b)``, t_off(b) = the median seconds per token of plain's decode
-    steps at batch b (all plain runs pooled; the nearest measured batch size if b never occurred). Off steps
-    cost 0 by definition, so the machine's noise enters only through the drafting steps: a much steadier view
-    of the tuner's evidence phase than the makespan ratio (whose spread is 15-40% here). Negative = the
-    drafting steps saved time. Returns ``[{rep, batch_size, regret_vs_off, drafting_steps, steps}]``."""
-    per_b: dict[int, list[float]] = {}
-    for r in plain:
-        for b, sec, _, n in r.steps:
-            if n > 0:
-                per_b.setdefault(b, []).append(sec / n)
-    if not per_b:
+    steps at batch b (the nearest measured batch size if b never occurred), from the plain run of the same
+    repetition and batch size (run next to it in time), else from every plain run pooled (warm-up rollouts).
+    Off steps cost 0 by definition, so the machine's noise enters only through the drafting steps: a much
+    steadier view of the tuner's cost than the makespan ratio (whose spread is 15-40% here). Why the same
+    repetition: this machine's speed drifts by +-20% within minutes (the same off steps, plain vs adaptive
+    runs seconds apart, differ by that much), and a pooled reference priced near-tie drafting rollouts at
+    batch 1 at +11..14% that the same repetition's plain run put at -10..+2%. Negative = the drafting steps
+    saved time. Returns ``[{rep, batch_size, regret_vs_off, drafting_steps, steps, reference}]``
+    (``reference``: ``"same rep"`` or ``"pooled"``)."""
+
+    def per_token(rs: list[RunResult]) -> dict[int, float]:
+        per_b: dict[int, list[float]] = {}
+        for r in rs:
+            for b, sec, _, n in r.steps:
+                if n > 0:
+                    per_b.setdefault(b, []).append(sec / n)
+        return {b: statistics.median(v) for b, v in per_b.items()}
+
+    pooled = per_token(plain)
+    if not pooled:
         return []
-    ref = {b: statistics.median(v) for b, v in per_b.items()}
-
-    def t_off(b: int) -> float:
-        return ref[b] if b in ref else ref[min(ref, key=lambda x: (abs(x - b), x))]
-
     out = []
     for r in runs:
+        same = per_token([p for p in plain if p.rep == r.rep and p.batch_size == r.batch_size])
+        ref = same or pooled
         total = sum(sec for _, sec, _, _ in r.steps)
-        extra = sum(sec - n * t_off(b) for b, sec, is_off, n in r.steps if not is_off)
+        extra = sum(sec - n * _nearest(ref, b) for b, sec, is_off, n in r.steps if not is_off)
         out.append(
             {
                 "rep": r.rep,
@@ -994,6 +1006,7 @@ def exploration_regret(runs: list[RunResult], plain: list[RunResult]) -> list[di
                 "regret_vs_off": extra / total if total > 0 else None,
                 "drafting_steps": sum(1 for *_, is_off, _ in r.steps if not is_off),
                 "steps": len(r.steps),
+                "reference": "same rep" if same else "pooled",
             }
         )
     return out
@@ -1136,7 +1149,8 @@ def write_markdown(result: dict, path: Path) -> str:
             "",
             "Adaptive policy's evidence phase: per rollout (warm-up ones first, negative reps), the time its "
             "drafting steps cost beyond off for the same tokens, as a share of the rollout's decode time "
-            "(off's seconds per token at each batch size from plain's steps; `exploration_regret`):",
+            "(off's seconds per token at each batch size from the same repetition's plain steps, all plain "
+            "runs pooled for warm-up rollouts; `exploration_regret`):",
             "",
         ]
         for b in sorted({d["batch_size"] for d in reg}):

@@ -173,6 +173,18 @@ def test_exploration_regret_prices_drafting_steps_at_plains_time_per_token():
     assert rl.exploration_regret([_run(1, steps)], []) == []
 
 
+def test_exploration_regret_uses_the_same_repetitions_plain_run_when_there_is_one():
+    """The machine drifts between repetitions: a plain run of the same repetition (and batch size) is the
+    reference; warm-up rollouts (no such run) fall back to every plain run pooled."""
+    slow, fast = _run(1, [(2, 0.020, True, 2)], "plain"), _run(2, [(2, 0.010, True, 2)], "plain")
+    steps = [(2, 0.012, False, 2)]  # 6 ms per token
+    by_rep = {d["rep"]: d for d in rl.exploration_regret([_run(r, steps) for r in (1, 2, -1)], [slow, fast])}
+    assert by_rep[1]["regret_vs_off"] == pytest.approx((0.012 - 2 * 0.010) / 0.012)  # faster than rep 1's off
+    assert by_rep[2]["regret_vs_off"] == pytest.approx((0.012 - 2 * 0.005) / 0.012)
+    assert by_rep[-1]["regret_vs_off"] == pytest.approx((0.012 - 2 * 0.0075) / 0.012)  # pooled median
+    assert [by_rep[r]["reference"] for r in (1, 2, -1)] == ["same rep", "same rep", "pooled"]
+
+
 def test_deterministic_drafters_decode_plain_tokens(result):
     """Coupled verification: suffix and n-gram arms emit plain's tokens (the benchmark compares equal work);
     HF generate samples with its own RNG, so it is not comparable (None)."""
