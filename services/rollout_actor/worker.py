@@ -529,9 +529,7 @@ class RolloutWorker:
             c["drafted_tokens"] += sum(s.drafted for s in steps)
             c["accepted_tokens"] += sum(s.accepted for s in steps)
             choices, reported = self._report_observations()
-            demotions = 0
-            if self.tuned is not None:
-                demotions, self.tuned.table.demotions = sum(self.tuned.table.demotions.values()), {}
+            demotions = self.tuned.drain_demotions() if self.tuned is not None else 0
         self._index_history_async()
         return ShardResult(
             self.worker_id, self.policy_version, started, finished, outs, steps, choices, reported, demotions

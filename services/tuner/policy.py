@@ -110,3 +110,8 @@ class TunedStrategyPolicy:
 
     def drain_observations(self) -> list[dict]:
         return self.table.drain_observations()
+
+    def drain_demotions(self) -> int:
+        """Buckets whose drafting best this actor demoted to off since the last call (``TablePolicy``)."""
+        n, self.table.demotions = sum(self.table.demotions.values()), {}
+        return n
