@@ -60,6 +60,16 @@ configurations; the order rotates each repetition), medians over repetitions:
   "speedup" that is luck of the draw); matched, both decode the same number of tokens per request, and the
   makespans compare engines. Only the token contents differ (a drafter's acceptance depends on them).
 
+Lock step (``--lockstep-reps``, default 3; ``--quick`` 1; 0 = off), after the sequential repetitions: every
+tailspec engine configuration (plain, the fixed arms, adaptive, adaptive-cold) plus ``plain-again``, a second
+plain engine, decode the same workload side by side in one process, one engine step each per round (the first
+engine rotating), and each configuration's makespan is the sum of its own step times. Sequential runs seconds
+apart see this machine's speed drift by +-20%, which buries a 5% difference; in lock step all configurations
+see the same speed to within a round (milliseconds), and ``plain-again``'s ratio to plain (the A/A control)
+shows what is left (+-0.3% at batch 1, up to +-3% at batch 4-16 here). Issue #4's bar (adaptive within 5% of
+the best fixed arm, not worse than plain) is judged on these rounds too (``lockstep.verdicts``). Timelines
+and finish times are not comparable in lock step and are not reported from it.
+
 Metrics per run: makespan (wall time of the whole rollout) and the process CPU time (vLLM: its runner
 process's), tokens/s (generated
 tokens / makespan), tail (finish time of the last response - finish time of the 90th-percentile response),
@@ -135,6 +145,7 @@ VLLM_CONFIGS: dict[str, tuple[str, int]] = {
 MATCHED = "-matched"
 VLLM_MATCHED: dict[str, str] = {f"{c}{MATCHED}": c for c in VLLM_CONFIGS}
 PLAIN, ADAPTIVE, ADAPTIVE_COLD = "plain", "adaptive", "adaptive-cold"
+PLAIN_AGAIN = "plain-again"  # lock-step A/A control: a second plain engine
 HF_PLAIN, HF_PLD = "hf-plain", "hf-pld"
 LENGTH_TOLERANCE = 0.15
 LONGTAIL_GOAL = 3.0  # long-tail tokens/s vs plain
@@ -326,6 +337,7 @@ class TailspecRunner:
         self.plain_samples: list[tuple[list[int], list[int]]] = []  # (prompt, output) of plain runs
         self.history_lengths: list[tuple[str, int]] = []
         self.learned = None
+        self.learned_path = learned_path
         if learned_path is not None:
             from services.rollout_actor.speculative.eagle import EagleDrafter
 
@@ -335,13 +347,17 @@ class TailspecRunner:
         self.adaptive = None
 
     # drafters: the same starting state for every run
-    def fresh_drafters(self) -> dict:
+    def fresh_drafters(self, own_learned: bool = False) -> dict:
         ds = build_drafters(names=("suffix", "ngram"))
         if self.suffix_state is not None:
             ds["suffix"].load_state_dict(copy.deepcopy(self.suffix_state))
             ds["suffix"].new_step(1)  # the history is the previous RL step's
         if self.learned is not None:
             ds["learned"] = self.learned
+            if own_learned:
+                from services.rollout_actor.speculative.eagle import EagleDrafter
+
+                ds["learned"] = EagleDrafter.from_pretrained(self.learned_path, self.model)
         return ds
 
     def build_history(self, workload: Workload, sampling: dict, seed: int) -> dict:
@@ -383,10 +399,13 @@ class TailspecRunner:
         self.adaptive.choices = {}
         return len(obs)
 
-    def run(self, config: str, workload: Workload, sampling: dict, seed: int, rep: int) -> RunResult:
+    def _engine(self, config: str, workload: Workload, rep: int, own_learned: bool = False):
+        """The engine, clocked policy and inner policy of one rollout of ``config``. ``own_learned``: a
+        private copy of the learned drafter (engines decoding side by side must not share its generator)."""
         hidden_layers: tuple = ()
-        drafters = {} if config == PLAIN else self.fresh_drafters()
-        if config == PLAIN:
+        plain = config in (PLAIN, PLAIN_AGAIN)
+        drafters = {} if plain else self.fresh_drafters(own_learned)
+        if plain:
             policy = FixedPolicy()
         elif config == ADAPTIVE:
             policy = self.adaptive
@@ -407,14 +426,10 @@ class TailspecRunner:
             policy=clock,
             hidden_layers=hidden_layers,
         )
-        reqs = workload.requests(sampling, seed)
-        gc.collect()
-        c0, t0 = time.process_time(), time.perf_counter()
-        outs = eng.generate(reqs)
-        makespan, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return eng, clock, policy
+
+    def _finish(self, config, workload, rep, makespan, cpu, outs, eng, clock, policy) -> RunResult:
         res = self._result(config, workload.batch_size, rep, makespan, cpu, outs, eng.step_log)
-        if config == PLAIN and len(self.plain_samples) < 256:
-            self.plain_samples += [(o.prompt_ids, o.token_ids) for o in outs]
         lt_cpu = [c for bs, c, _ in clock.steps if bs <= self.longtail_batch]
         res.longtail_cpu_s = sum(lt_cpu) if lt_cpu else None
         if config == ADAPTIVE:
@@ -423,6 +438,71 @@ class TailspecRunner:
         elif config == ADAPTIVE_COLD:
             res.strategies = dict(policy.choices)
         return res
+
+    def run(self, config: str, workload: Workload, sampling: dict, seed: int, rep: int) -> RunResult:
+        eng, clock, policy = self._engine(config, workload, rep)
+        reqs = workload.requests(sampling, seed)
+        gc.collect()
+        c0, t0 = time.process_time(), time.perf_counter()
+        outs = eng.generate(reqs)
+        makespan, cpu = time.perf_counter() - t0, time.process_time() - c0
+        if config == PLAIN and len(self.plain_samples) < 256:
+            self.plain_samples += [(o.prompt_ids, o.token_ids) for o in outs]
+        return self._finish(config, workload, rep, makespan, cpu, outs, eng, clock, policy)
+
+    def run_lockstep(
+        self, configs: list[str], workload: Workload, sampling: dict, seed: int, rep: int
+    ) -> list[RunResult]:
+        """One rollout of the workload per configuration, all decoded side by side in lock step: each round,
+        every engine with unfinished requests takes one ``step()`` (admission + one decode or draft + verify
+        step), the first engine rotating by round. A configuration's makespan is the sum of the wall times of
+        its own ``step()`` calls and its requests' admission (its CPU time likewise), so every configuration
+        sees the same machine speed to within one round (milliseconds), where runs one after the other see
+        it drift by +-20% within seconds. ``plain-again`` (a second plain engine) measures what is left: the
+        A/A ratio. Finish times and timelines are not comparable here (each engine's clock also runs while
+        the others step), so ``finish_s`` and ``timeline`` are left empty. Returns one ``RunResult`` per
+        configuration, in ``configs`` order."""
+        if len(set(configs)) != len(configs):
+            raise ValueError(f"lock-step configurations must be distinct: {configs}")
+        built = {c: self._engine(c, workload, rep, own_learned=True) for c in configs}
+        spent = dict.fromkeys(configs, 0.0)
+        cpu = dict.fromkeys(configs, 0.0)
+        done: dict[str, dict[str, RequestOutput]] = {c: {} for c in configs}
+        reqs = {c: workload.requests(sampling, seed) for c in configs}
+        gc.collect()
+        for c in configs:  # generate()'s preamble, timed as in a sequential run
+            eng = built[c][0]
+            c0, t0 = time.process_time(), time.perf_counter()
+            eng.clock_origin = t0
+            eng.forget_prompts()
+            for r in reqs[c]:
+                eng.add_request(r)
+            spent[c] += time.perf_counter() - t0
+            cpu[c] += time.process_time() - c0
+        live = list(configs)
+        rounds = 0
+        while live:
+            k = rounds % len(live)
+            for c in live[k:] + live[:k]:
+                eng = built[c][0]
+                c0, t0 = time.process_time(), time.perf_counter()
+                outs = eng.step()
+                spent[c] += time.perf_counter() - t0
+                cpu[c] += time.process_time() - c0
+                for o in outs:
+                    done[c][o.request_id] = o
+                if not eng.has_unfinished():
+                    live.remove(c)
+            rounds += 1
+        results = []
+        for c in configs:
+            eng, clock, policy = built[c]
+            outs = [done[c][r.request_id] for r in reqs[c]]
+            res = self._finish(c, workload, rep, spent[c], cpu[c], outs, eng, clock, policy)
+            res.finish_s, res.timeline = [], []
+            res.note = "lock step"
+            results.append(res)
+        return results
 
     def _result(
         self,
@@ -963,6 +1043,73 @@ def verdicts(table: dict, fixed: list[str], lengths: dict | None = None) -> dict
     return per_b
 
 
+def lockstep_table(runs: list[RunResult], configs: list[str], batch_sizes: list[int]) -> dict:
+    """Lock-step rollouts (``TailspecRunner.run_lockstep``), per batch size and configuration: the makespan
+    (sum of its own step times) median over repetitions, and the paired speedup vs plain (plain's makespan /
+    the configuration's, within one lock-step round: min / median / max over repetitions). ``plain-again``'s
+    paired ratios are the A/A control: the measurement's own noise."""
+    out: dict = {}
+    for b in batch_sizes:
+        row: dict = {}
+        plains = {r.rep: r for r in runs if r.config == PLAIN and r.batch_size == b}
+        for c in configs:
+            rs = [r for r in runs if r.config == c and r.batch_size == b]
+            if not rs:
+                continue
+            sp = [plains[r.rep].makespan_s / r.makespan_s for r in rs if r.rep in plains and r.makespan_s > 0]
+            same = [x for x in (identical_fraction(r, plains.get(r.rep)) for r in rs) if x is not None]
+            summ = [r.summary() for r in rs]
+            row[c] = {
+                "reps": len(rs),
+                "makespan_s_median": median([r.makespan_s for r in rs]),
+                "makespan_s_all": [round(r.makespan_s, 4) for r in rs],
+                "cpu_s_median": median([r.cpu_s for r in rs]),
+                "speedup_paired_median": median(sp),
+                "speedup_paired_min": min(sp) if sp else None,
+                "speedup_paired_max": max(sp) if sp else None,
+                "speedup_paired_all": [round(x, 4) for x in sp],
+                "tau": median([d["tau"] for d in summ if d["tau"] is not None]),
+                "identical_to_plain": statistics.fmean(same) if same else None,
+                "tokens": median([r.tokens for r in rs]),
+            }
+        out[str(b)] = row
+    return out
+
+
+def lockstep_verdicts(table: dict, fixed: list[str]) -> dict:
+    """Issue #4's benchmark bar on the lock-step measurement, per batch size: the best fixed arm (plain
+    included) by paired speedup vs plain; the adaptive policy's makespan over the best fixed arm's (median over
+    repetitions of the same-round ratio: within 5%?); adaptive vs plain (paired median: not worse?, and not
+    worse beyond the A/A control's lowest ratio, i.e. than plain measured against itself)."""
+    per_b = {}
+    for b, row in table.items():
+        v: dict = {}
+        cands = {c: row[c] for c in [PLAIN, *fixed] if c in row}
+        if cands:
+            best = max(cands, key=lambda c: cands[c]["speedup_paired_median"] or 0)
+            v["best_fixed_arm"] = best
+            v["best_fixed_speedup_vs_plain"] = cands[best]["speedup_paired_median"]
+        aa = row.get(PLAIN_AGAIN)
+        if aa and aa["speedup_paired_all"]:
+            v["aa_ratios"] = aa["speedup_paired_all"]
+            v["aa_noise"] = max(abs(1 - x) for x in aa["speedup_paired_all"])
+        a = row.get(ADAPTIVE)
+        if a and cands:
+            bm = cands[v["best_fixed_arm"]]["makespan_s_all"]
+            over = [x / y for x, y in zip(a["makespan_s_all"], bm) if y > 0]
+            v["adaptive_over_best_fixed"] = median(over)
+            v["adaptive_within_5pct_of_best"] = v["adaptive_over_best_fixed"] <= 1.05
+            v["adaptive_speedup_vs_plain"] = a["speedup_paired_median"]
+            v["adaptive_speedup_vs_plain_range"] = [a["speedup_paired_min"], a["speedup_paired_max"]]
+            v["adaptive_not_worse_than_plain"] = a["speedup_paired_median"] >= 1.0
+            if "aa_ratios" in v:
+                v["adaptive_not_worse_than_plain_beyond_aa"] = a["speedup_paired_median"] >= min(
+                    v["aa_ratios"]
+                )
+        per_b[b] = v
+    return per_b
+
+
 def _nearest(by_b: dict[int, float], b: int) -> float:
     """``by_b[b]``, else the value at the nearest key (the lower one on a tie)."""
     return by_b[b] if b in by_b else by_b[min(by_b, key=lambda x: (abs(x - b), x))]
@@ -1143,6 +1290,45 @@ def write_markdown(result: dict, path: Path) -> str:
                 f"{'met' if v['vllm_goal_met_matched'] else 'not met'})"
             )
         lines.append(f"- batch {b}: " + "; ".join(parts))
+    ls = result.get("lockstep") or {}
+    if ls.get("results") and any(ls["results"].values()):
+        lines += [
+            "",
+            f"Lock step ({ls['reps']} repetition(s); `run_lockstep`): every tailspec configuration decodes the "
+            "same workload side by side, one engine step each per round, so all see the same machine speed to "
+            "within milliseconds (sequential runs see it drift by +-20% within seconds). Makespan = the sum of "
+            "a configuration's own step times; speedup = plain / config in the same round (median, "
+            "[min, max] over repetitions). `plain-again` is a second plain engine: its ratio is the A/A "
+            "control, what the method cannot resolve.",
+            "",
+            "| batch | A/A (plain-again) | best fixed arm (speedup) | adaptive speedup vs plain [range] "
+            "| adaptive / best fixed | within 5% of best | not worse than plain (beyond A/A) "
+            "| adaptive-cold speedup |",
+            "|---:|---|---|---|---:|---|---|---:|",
+        ]
+        for b, v in ls["verdicts"].items():
+            row = ls["results"][b]
+            aa = v.get("aa_ratios")
+            rng = v.get("adaptive_speedup_vs_plain_range") or [None, None]
+            lines.append(
+                f"| {b} | {', '.join(f'{x:.3f}' for x in aa) if aa else '-'} "
+                f"| `{v.get('best_fixed_arm')}` ({_x(v.get('best_fixed_speedup_vs_plain'))}) "
+                f"| {_x(v.get('adaptive_speedup_vs_plain'))} [{f(rng[0], '{:.3f}')}, {f(rng[1], '{:.3f}')}] "
+                f"| {f(v.get('adaptive_over_best_fixed'), '{:.3f}')} | {v.get('adaptive_within_5pct_of_best')} "
+                f"| {v.get('adaptive_not_worse_than_plain')} ({v.get('adaptive_not_worse_than_plain_beyond_aa')}) "
+                f"| {_x((row.get(ADAPTIVE_COLD) or {}).get('speedup_paired_median'))} |"
+            )
+        lines += [
+            "",
+            "| batch | " + " | ".join(ls["configs"]) + " |",
+            "|---:|" + "---:|" * len(ls["configs"]),
+        ]
+        for b, row in ls["results"].items():
+            lines.append(
+                f"| {b} | "
+                + " | ".join(_x((row.get(c) or {}).get("speedup_paired_median")) for c in ls["configs"])
+                + " |"
+            )
     reg = (result.get("adaptive") or {}).get("regret_vs_off") or []
     if reg:
         lines += [
@@ -1310,6 +1496,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--plot-batch", type=int, default=None, help="batch size of the timeline panel")
     ap.add_argument(
+        "--lockstep-reps",
+        type=int,
+        default=None,
+        help="lock-step repetitions: every tailspec configuration (and a second plain, the A/A control) "
+        "decoded side by side, one step each per round (default 3; --quick 1; 0 = off)",
+    )
+    ap.add_argument(
         "--quick",
         action="store_true",
         help="1 repetition, at most 2 prompts per batch size, 2 history prompts, smaller bandwidth probe",
@@ -1321,6 +1514,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.batch_sizes = [int(x) for x in str(args.batch_sizes).split(",") if x.strip()]
     if args.reps is None:
         args.reps = 1 if args.quick else 5
+    if args.lockstep_reps is None:
+        args.lockstep_reps = 1 if args.quick else 3
+    if args.lockstep_reps < 0:
+        ap.error(f"--lockstep-reps must be >= 0, got {args.lockstep_reps}")
     if args.adaptive_warmup is None:
         args.adaptive_warmup = 1 if args.quick else 6
     if args.history_prompts is None:
@@ -1453,6 +1650,7 @@ def run(args: argparse.Namespace) -> dict:
     gc.freeze()
 
     runs: list[RunResult] = []
+    lock_runs: list[RunResult] = []
     warm: list[dict] = []
     warm_runs: list[RunResult] = []
     pld_skip: dict[int, str] = {}
@@ -1513,6 +1711,22 @@ def run(args: argparse.Namespace) -> dict:
                     r = one(c, workloads[b], rep, seed)
                     if r is not None:
                         runs.append(r)
+        # lock step: the tailspec configurations side by side, one step each per round (see run_lockstep)
+        lock_configs = [c for c in configs if c == PLAIN or c in FIXED_ARMS or c in LEARNED_ARMS]
+        lock_configs += [c for c in (ADAPTIVE, ADAPTIVE_COLD) if c in configs] + [PLAIN_AGAIN]
+        for rep in range(args.lockstep_reps):
+            for b in bsz:
+                k = rep % len(lock_configs)
+                order = lock_configs[k:] + lock_configs[:k]
+                t = time.perf_counter()
+                rs = runner.run_lockstep(order, workloads[b], sampling, args.seed * 7919, rep)
+                lock_runs.extend(rs)
+                pm = next(r.makespan_s for r in rs if r.config == PLAIN)
+                print(
+                    f"[rollout_longtail] lock-step rep {rep} b={b} ({time.perf_counter() - t:.1f} s): "
+                    + ", ".join(f"{r.config} {pm / r.makespan_s:.3f}x" for r in rs if r.config != PLAIN),
+                    flush=True,
+                )
     finally:
         if vllm is not None:
             vllm.close()
@@ -1524,6 +1738,15 @@ def run(args: argparse.Namespace) -> dict:
     fixed = [c for c in ran if c in FIXED_ARMS or c in LEARNED_ARMS]
     lengths = length_check(runs, ran)
     ver = verdicts(table, fixed, lengths)
+    lock_ran = [c for c in [*ran, PLAIN_AGAIN] if any(r.config == c for r in lock_runs)]
+    lock_table = lockstep_table(lock_runs, lock_ran, bsz)
+    lockstep = {
+        "reps": args.lockstep_reps,
+        "configs": lock_ran,
+        "results": lock_table,
+        "verdicts": lockstep_verdicts(lock_table, fixed),
+        "lengths": length_check(lock_runs, lock_ran),
+    }
 
     # limits: decode step at batch 1 vs reading the weights once
     wb = weight_bytes(model)
@@ -1604,6 +1827,7 @@ def run(args: argparse.Namespace) -> dict:
         "results": table,
         "verdicts": ver,
         "lengths": lengths,
+        "lockstep": lockstep,
         "limits": limits,
         "acceptance_ceiling": acceptance_ceiling(model, runner.plain_samples[:128], sampling),
         "skipped": skipped,
@@ -1613,6 +1837,9 @@ def run(args: argparse.Namespace) -> dict:
             "regret_vs_off": exploration_regret(
                 warm_runs + [r for r in runs if r.config == ADAPTIVE], [r for r in runs if r.config == PLAIN]
             ),
+            "regret_vs_off_lockstep": exploration_regret(
+                [r for r in lock_runs if r.config == ADAPTIVE], [r for r in lock_runs if r.config == PLAIN]
+            ),
             "tuner_stats": runner.tuner.stats() if runner.tuner else None,
             "final_table_best": {
                 f"{bk['lo']}-{bk['hi']}": bk["best"] for bk in runner.tuner.table()["buckets"]
@@ -1621,6 +1848,7 @@ def run(args: argparse.Namespace) -> dict:
             else None,
         },
         "runs": [r.summary() for r in runs],
+        "runs_lockstep": [r.summary() for r in lock_runs],
         "elapsed_s": time.perf_counter() - t_start,
     }
     return result

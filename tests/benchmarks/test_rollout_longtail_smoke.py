@@ -201,3 +201,77 @@ def test_deterministic_drafters_decode_plain_tokens(result):
             v["adaptive_over_best_fixed_min"],
             row["adaptive"]["makespan_s_min"] / v["best_fixed_makespan_s_min"],
         )
+
+
+def test_lockstep_decodes_the_same_tokens_side_by_side(result):
+    """--quick runs one lock-step repetition: every tailspec configuration and the A/A control decoded side
+    by side. Plain and plain-again decode the same requests with the same seeds, so their tokens are equal;
+    the deterministic drafters' are plain's too (lossless); each run is timed on its own steps only."""
+    res, out = result
+    ls = res["lockstep"]
+    assert ls["reps"] == 1
+    assert {"plain", "plain-again", "adaptive", "adaptive-cold", *rl.FIXED_ARMS} <= set(ls["configs"])
+    runs = res["runs_lockstep"]
+    seq = {(r["config"], r["batch_size"]): r for r in res["runs"]}
+    for b, row in ls["results"].items():
+        assert row["plain-again"]["identical_to_plain"] == 1.0
+        for c in rl.FIXED_ARMS:
+            assert row[c]["identical_to_plain"] >= 0.9, (b, c)
+        for c, d in row.items():
+            mine = [r for r in runs if r["config"] == c and r["batch_size"] == int(b)]
+            assert len(mine) == 1 and mine[0]["note"] == "lock step"
+            assert close(d["makespan_s_median"], mine[0]["makespan_s"])
+            plain = next(r for r in runs if r["config"] == "plain" and r["batch_size"] == int(b))
+            assert close(d["speedup_paired_median"], plain["makespan_s"] / mine[0]["makespan_s"])
+            # the same work as the sequential run of the same configuration (deterministic arms, plain)
+            if c in ("plain", "plain-again", *rl.FIXED_ARMS):
+                assert d["tokens"] == seq[(c.replace("-again", ""), int(b))]["tokens"], (b, c)
+        v = ls["verdicts"][b]
+        assert v["aa_ratios"] == row["plain-again"]["speedup_paired_all"]
+        assert v["best_fixed_arm"] in ("plain", *rl.FIXED_ARMS)
+        assert close(
+            v["adaptive_over_best_fixed"],
+            row["adaptive"]["makespan_s_all"][0] / row[v["best_fixed_arm"]]["makespan_s_all"][0],
+        )
+        assert v["adaptive_within_5pct_of_best"] == (v["adaptive_over_best_fixed"] <= 1.05)
+    md = (out / "rollout_longtail.md").read_text()
+    assert "Lock step (1 repetition(s)" in md and "| A/A (plain-again) |" in md
+
+
+def _lock_runs(pairs):
+    """RunResults of lock-step rounds: {(config, rep): makespan}, batch size 2, one request."""
+    return [rl.RunResult(c, 2, rep, ms, ms, [3], [True], [], digests=["x"]) for (c, rep), ms in pairs.items()]
+
+
+def test_lockstep_verdicts_judge_adaptive_against_the_same_rounds():
+    runs = _lock_runs(
+        {
+            ("plain", 0): 1.0,
+            ("plain", 1): 2.0,
+            ("plain-again", 0): 1.01,
+            ("plain-again", 1): 1.96,
+            ("suffix-k4", 0): 0.9,  # 1.11x, 1.05x: the best fixed arm
+            ("suffix-k4", 1): 1.9,
+            ("adaptive", 0): 0.93,
+            ("adaptive", 1): 2.0,
+        }
+    )
+    table = rl.lockstep_table(runs, ["plain", "suffix-k4", "adaptive", "plain-again"], [2])
+    row = table["2"]
+    assert row["adaptive"]["speedup_paired_all"] == [pytest.approx(1 / 0.93, abs=1e-4), 1.0]
+    assert row["plain-again"]["identical_to_plain"] == 1.0
+    v = rl.lockstep_verdicts(table, ["suffix-k4"])["2"]
+    assert v["best_fixed_arm"] == "suffix-k4"
+    # adaptive / best fixed in the same round: 0.93 / 0.9 and 2.0 / 1.9, median of the two
+    assert v["adaptive_over_best_fixed"] == pytest.approx((0.93 / 0.9 + 2.0 / 1.9) / 2, abs=1e-4)
+    assert v["adaptive_within_5pct_of_best"] is True
+    assert v["aa_noise"] == pytest.approx(max(abs(1 - 1 / 1.01), abs(1 - 2 / 1.96)), abs=1e-4)
+    assert v["adaptive_speedup_vs_plain"] == pytest.approx((1 / 0.93 + 1.0) / 2, abs=1e-4)
+    assert v["adaptive_not_worse_than_plain"] is True
+    # a slower adaptive: worse than plain, and beyond what plain measured against itself
+    slow = _lock_runs({("plain", 0): 1.0, ("plain-again", 0): 1.01, ("adaptive", 0): 1.1})
+    v = rl.lockstep_verdicts(rl.lockstep_table(slow, ["plain", "adaptive", "plain-again"], [2]), [])["2"]
+    assert v["best_fixed_arm"] == "plain"
+    assert v["adaptive_not_worse_than_plain"] is False
+    assert v["adaptive_not_worse_than_plain_beyond_aa"] is False
+    assert v["adaptive_over_best_fixed"] == pytest.approx(1.1)
