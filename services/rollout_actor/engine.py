@@ -564,9 +564,16 @@ class Engine:
         for r, ri, c in zip(rows, rows_idx, contiguous):
             if not c:
                 self.cache.keep_path(r.slot, ri)
-        hid = None
+        hid = last_hid = None
         if self.hidden_layers:
-            hid = torch.stack([out.hidden[layer] for layer in self.hidden_layers], 2)  # [B, n+1, k, H]
+            # each row's state after its last committed token (what the learned drafter reads next), picked
+            # for the whole batch at once: [B, H] (one layer) or [B, k, H], one view per row
+            hs = [out.hidden[layer] for layer in self.hidden_layers]  # each [B, n+1, H]
+            last = torch.tensor([ri[-1] for ri in rows_idx], device=dev)
+            picked = [h[torch.arange(b, device=dev), last] for h in hs]
+            last_hid = (picked[0] if len(picked) == 1 else torch.stack(picked, 1)).unbind(0)
+            if self.hidden_sink is not None:
+                hid = torch.stack(hs, 2)  # [B, n+1, k, H]
 
         finished: list[RequestOutput] = []
         committed_total = drafted_total = accepted_total = 0
@@ -575,10 +582,9 @@ class Engine:
             path, ri, tk = paths[i], rows_idx[i], toks[i]
             lps = lp_flat[off : off + len(tk)]
             off += len(tk)
-            if hid is not None:
-                h = hid[i, ri[-1]]
-                r.hidden = h[0] if h.shape[0] == 1 else h
-                if self.hidden_sink is not None:
+            if last_hid is not None:
+                r.hidden = last_hid[i]
+                if hid is not None:
                     # committed positions, the token read at each (root, accepted nodes), and the hidden
                     # state after reading it: EAGLE's (token_t, feature_t) rows, consecutive per request
                     start = int(base[i])
