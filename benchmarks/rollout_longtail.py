@@ -1401,7 +1401,7 @@ def write_plot(result: dict, path: Path) -> None:
     bs = list(table)
     configs = [c for c in result["settings"]["configs"] if c != PLAIN]
     flagged = {c for c, d in result["lengths"].items() if d.get("flag")}
-    fig, axes = plt.subplots(1, 3, figsize=(20, 5.6))
+    fig, axes = plt.subplots(1, 4, figsize=(26, 5.6))
     cmap = plt.get_cmap("tab20")
     width = 0.8 / max(1, len(configs))
 
@@ -1443,6 +1443,7 @@ def write_plot(result: dict, path: Path) -> None:
     ax.set_ylabel("active batch size")
     ax.set_title(f"Active batch over time (b={tl.get('batch_size')}, rep {tl.get('rep')})")
     ax.legend(fontsize=8)
+    _lockstep_panel(axes[3], result.get("lockstep") or {}, configs, cmap)
     m = result["machine"]
     fig.suptitle(
         f"tailspec rollout long tail: {result['settings']['model_name']}, G={result['settings']['group']}, "
@@ -1453,6 +1454,40 @@ def write_plot(result: dict, path: Path) -> None:
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _lockstep_panel(ax, ls: dict, configs: list[str], cmap) -> None:
+    """Lock-step paired speedups vs plain: median bar, min-max whisker per configuration and batch size (colors
+    as in the other panels); the grey band per batch size spans the A/A control's ratios."""
+    table = ls.get("results") or {}
+    bs = [b for b, row in table.items() if row]
+    if not bs:
+        ax.text(0.5, 0.5, "lock step not run", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return
+    shown = [c for c in configs if any(c in table[b] for b in bs)]
+    width = 0.8 / max(1, len(shown))
+    for j, b in enumerate(bs):
+        aa = (ls.get("verdicts", {}).get(b) or {}).get("aa_ratios")
+        if aa:
+            ax.fill_between([j - 0.45, j + 0.45], min(aa), max(aa), color="0.85", zorder=0)
+    for i, c in enumerate(shown):
+        pts = [
+            (j + (i - (len(shown) - 1) / 2) * width, table[b][c]) for j, b in enumerate(bs) if c in table[b]
+        ]
+        med = [d["speedup_paired_median"] for _, d in pts]
+        err = [
+            [m - d["speedup_paired_min"] for m, (_, d) in zip(med, pts)],
+            [d["speedup_paired_max"] - m for m, (_, d) in zip(med, pts)],
+        ]
+        ax.bar([x for x, _ in pts], med, width, yerr=err, capsize=2, color=cmap(configs.index(c) % 20))
+    lo = min(d["speedup_paired_min"] for b in bs for c, d in table[b].items() if d["speedup_paired_min"])
+    hi = max(d["speedup_paired_max"] for b in bs for c, d in table[b].items() if d["speedup_paired_max"])
+    ax.set_ylim(max(0.0, min(lo, 1.0) - 0.05), max(hi, 1.0) + 0.03)  # zoomed: the differences are a few %
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.set_xticks(range(len(bs)), [f"b={b}" for b in bs])
+    ax.set_ylabel("x vs tailspec plain, same round (zoomed)")
+    ax.set_title(f"Lock step: makespan speedup ({ls.get('reps')} reps; grey = A/A plain-again)")
 
 
 # ---------------------------------------------------------------------------------------------- main
