@@ -112,6 +112,11 @@ class HiddenStateBuffer:
     def num_frames(self) -> int:
         return len(self._frames)
 
+    def frames(self) -> list[Frame]:
+        """A snapshot of the held frames, oldest first (the frames themselves, not copies)."""
+        with self._lock:
+            return list(self._frames)
+
     def _oldest_fresh(self, current_version: int | None) -> int | None:
         return None if current_version is None else current_version - self.keep_versions + 1
 

@@ -40,11 +40,11 @@ def test_bounded_buffer_drops_oldest_and_counts():
     # 4 frames of 4 rows into 10 rows: each add beyond the second evicts the oldest
     assert len(buf) == 8 and buf.num_frames == 2
     assert buf.dropped == 2 and buf.dropped_tokens == 8 and buf.added == 4
-    assert [f.request_id for f in buf._frames] == ["r2", "r3"]
+    assert [f.request_id for f in buf.frames()] == ["r2", "r3"]
     buf.add(frame(0, "big", 25))  # longer than the capacity: keeps its last 10 rows
     assert len(buf) == 10 and buf.num_frames == 1 and buf.dropped == 4
     assert buf.dropped_tokens == 8 + 8 + 15
-    assert buf._frames[0].positions.tolist() == list(range(15, 25))
+    assert buf.frames()[0].positions.tolist() == list(range(15, 25))
 
 
 def test_age_out_by_policy_version():
@@ -53,7 +53,7 @@ def test_age_out_by_policy_version():
     buf.add(frame(2, "b", 3))
     assert buf.num_fresh() == 6 and buf.current_version == 2
     buf.add(frame(3, "c", 3))  # version 3 arrives: keep versions 2, 3
-    assert sorted(f.policy_version for f in buf._frames) == [2, 3]
+    assert sorted(f.policy_version for f in buf.frames()) == [2, 3]
     assert buf.aged_out == 1 and buf.aged_out_tokens == 3
     assert not buf.add(frame(1, "late", 5))  # stale on arrival
     assert buf.aged_out_tokens == 8 and len(buf) == 6
@@ -129,7 +129,7 @@ def test_zmq_round_trip_exact(kind, tmp_path):
         _drain(rx, len(sent))
         assert rx.stats() == dict(received=3, malformed=0, stale=0)
         assert tx.stats()["sent"] == 3 and tx.dropped == 0
-    got = {f.request_id: f for f in buf._frames}
+    got = {f.request_id: f for f in buf.frames()}
     for f in sent:
         g = got[f.request_id]
         assert g.policy_version == f.policy_version
@@ -194,4 +194,4 @@ def test_slow_receiver_drops_are_counted():
         assert tx.sent + tx.dropped == 100 and tx.dropped > 0
         _drain(rx, tx.sent, timeout_s=10)
         assert rx.received == tx.sent and len(buf) == 256 * tx.sent
-        assert torch.equal(buf._frames[-1].hidden, big.hidden)
+        assert torch.equal(buf.frames()[-1].hidden, big.hidden)
