@@ -1063,6 +1063,7 @@ def lockstep_table(runs: list[RunResult], configs: list[str], batch_sizes: list[
                 "reps": len(rs),
                 "makespan_s_median": median([r.makespan_s for r in rs]),
                 "makespan_s_all": [round(r.makespan_s, 4) for r in rs],
+                "makespan_s_by_rep": {r.rep: r.makespan_s for r in rs},
                 "cpu_s_median": median([r.cpu_s for r in rs]),
                 "speedup_paired_median": median(sp),
                 "speedup_paired_min": min(sp) if sp else None,
@@ -1095,8 +1096,8 @@ def lockstep_verdicts(table: dict, fixed: list[str]) -> dict:
             v["aa_noise"] = max(abs(1 - x) for x in aa["speedup_paired_all"])
         a = row.get(ADAPTIVE)
         if a and cands:
-            bm = cands[v["best_fixed_arm"]]["makespan_s_all"]
-            over = [x / y for x, y in zip(a["makespan_s_all"], bm) if y > 0]
+            bm = cands[v["best_fixed_arm"]]["makespan_s_by_rep"]
+            over = [x / bm[k] for k, x in a["makespan_s_by_rep"].items() if bm.get(k)]  # same round
             v["adaptive_over_best_fixed"] = median(over)
             v["adaptive_within_5pct_of_best"] = v["adaptive_over_best_fixed"] <= 1.05
             v["adaptive_speedup_vs_plain"] = a["speedup_paired_median"]

@@ -231,7 +231,7 @@ def test_lockstep_decodes_the_same_tokens_side_by_side(result):
         assert v["best_fixed_arm"] in ("plain", *rl.FIXED_ARMS)
         assert close(
             v["adaptive_over_best_fixed"],
-            row["adaptive"]["makespan_s_all"][0] / row[v["best_fixed_arm"]]["makespan_s_all"][0],
+            row["adaptive"]["makespan_s_by_rep"][0] / row[v["best_fixed_arm"]]["makespan_s_by_rep"][0],
         )
         assert v["adaptive_within_5pct_of_best"] == (v["adaptive_over_best_fixed"] <= 1.05)
     md = (out / "rollout_longtail.md").read_text()
@@ -275,3 +275,10 @@ def test_lockstep_verdicts_judge_adaptive_against_the_same_rounds():
     assert v["adaptive_not_worse_than_plain"] is False
     assert v["adaptive_not_worse_than_plain_beyond_aa"] is False
     assert v["adaptive_over_best_fixed"] == pytest.approx(1.1)
+    # rounds are matched by repetition, not by list position (a configuration missing from round 0)
+    gap = _lock_runs({("plain", 0): 1.0, ("plain", 1): 2.0, ("suffix-k4", 0): 0.5, ("suffix-k4", 1): 1.0})
+    gap += _lock_runs({("adaptive", 1): 1.1})
+    v = rl.lockstep_verdicts(rl.lockstep_table(gap, ["plain", "suffix-k4", "adaptive"], [2]), ["suffix-k4"])[
+        "2"
+    ]
+    assert v["best_fixed_arm"] == "suffix-k4" and v["adaptive_over_best_fixed"] == pytest.approx(1.1)
