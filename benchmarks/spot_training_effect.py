@@ -51,10 +51,12 @@ def _curve(rows: list[dict]) -> list[dict]:
     return out
 
 
-def export_drafter(run_dir: Path, dest: Path) -> dict | None:
+def export_drafter(run_dir: Path, dest: Path, top1: float | None = None) -> dict | None:
     """Write the newest drafter published in ``run_dir`` (the spot trainer's ``published/vN``) to ``dest`` as an
-    EAGLE checkpoint folder for ``EagleDrafter.from_pretrained``. Returns ``{version, path}``, or None when the
-    run published nothing (``dest`` is then left untouched)."""
+    EAGLE checkpoint folder for ``EagleDrafter.from_pretrained``, with ``tailspec_spot.json`` =
+    ``{version, top1}`` (``top1``: the spot trainer's last top-1 accuracy, which ``rollout_longtail`` gates the
+    adaptive policy's learned arms on, as ``make run`` does). Returns ``{version, path, top1}``, or None when
+    the run published nothing (``dest`` is then left untouched)."""
     import shutil
 
     from omegaconf import OmegaConf
@@ -80,9 +82,12 @@ def export_drafter(run_dir: Path, dest: Path) -> dict | None:
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save_eagle_checkpoint(head, tmp, target)
+    from benchmarks.rollout_longtail import SPOT_META
+
+    (tmp / SPOT_META).write_text(json.dumps({"version": version, "top1": top1}) + "\n")
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)  # whole folder or nothing
-    return {"version": version, "path": str(dest)}
+    return {"version": version, "path": str(dest), "top1": top1}
 
 
 def main(argv=None) -> None:
@@ -103,7 +108,8 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         on = _curve(_run(Path(tmp) / "on", a.steps, True, a.overrides))
         if a.export_drafter is not None:
-            exported = export_drafter(Path(tmp) / "on", a.export_drafter)
+            top1 = next((x["spot_top1"] for x in reversed(on) if x["spot_top1"] is not None), None)
+            exported = export_drafter(Path(tmp) / "on", a.export_drafter, top1)
             print(f"[spot_training_effect] exported drafter: {exported}", flush=True)
         off = _curve(_run(Path(tmp) / "off", a.steps, False, a.overrides))
     res = {
