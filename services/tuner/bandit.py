@@ -41,8 +41,10 @@ Contract
   (3) else the greedy arm: off, unless an eligible arm with at least
   ``min_samples_for_best`` samples is *reliably* better than off, i.e. its estimate minus ``best_z`` (1)
   standard errors of its throughput (the throughput guard's standard error, floored at
-  ``guard_cv_floor * R / sqrt(n)``) still beats off's estimate; among those, the best estimate (config
-  order on ties). Eligible = has samples, not guarded, not on probation. ``off`` is always an arm and never guarded, so there is always an eligible arm. The minimum
+  ``guard_cv_floor * R / sqrt(n)``) still beats off's estimate, both taken over the period the two windows
+  share when off has at least ``min_samples_for_guard`` steps in it (``_common_period``: off's recent slice
+  and an explored arm's rollouts-long window describe different conditions); among those, the best estimate
+  (config order on ties). Eligible = has samples, not guarded, not on probation. ``off`` is always an arm and never guarded, so there is always an eligible arm. The minimum
   keeps a drafting arm whose single sample happened to be a long accept from becoming the greedy choice:
   rollout actors play the table's best for a whole rollout before the next table arrives, so a best chosen
   on thin evidence costs a rollout (measured: after one cold rollout at batch 16, one probe per arm, the
@@ -320,6 +322,7 @@ class _ArmStats:
 
     __slots__ = (
         "window",
+        "seqs",
         "n",
         "chosen",
         "explored",
@@ -338,6 +341,8 @@ class _ArmStats:
 
     def __init__(self, maxlen: int) -> None:
         self.window: deque[tuple[float, float]] = deque(maxlen=maxlen)  # (committed_tokens, seconds)
+        # per window entry: the bucket's observation count when it arrived (-1: unknown, e.g. restored)
+        self.seqs: deque[int] = deque(maxlen=maxlen)
         self.n = 0
         self.chosen = 0
         self.explored = 0
@@ -353,14 +358,25 @@ class _ArmStats:
         self._trimmed: float | None = None
         self._capped: float | None = None
 
-    def add(self, tokens: float, seconds: float) -> None:
+    def add(self, tokens: float, seconds: float, seq: int = -1) -> None:
         self.window.append((tokens, seconds))
+        self.seqs.append(seq)
         self.n += 1
         self.invalidate()
 
     def clear(self) -> None:
         self.window.clear()
+        self.seqs.clear()
         self.invalidate()
+
+    def since(self, seq: int) -> _ArmStats:
+        """A copy holding only the window entries that arrived at or after ``seq``."""
+        out = _ArmStats(max(1, len(self.window)))
+        for (t, s), q in zip(self.window, self.seqs):
+            if q >= seq:
+                out.window.append((t, s))
+                out.seqs.append(q)
+        return out
 
     def invalidate(self) -> None:
         """Drop the cached estimates (after the window changed)."""
@@ -446,6 +462,7 @@ class _ArmStats:
         self.clear()
         for t, s in st.get("window", []):
             self.window.append((float(t), float(s)))
+            self.seqs.append(-1)
         self.n = int(st.get("n", len(self.window)))
         self.chosen = int(st.get("chosen", 0))
         self.explored = int(st.get("explored", 0))
@@ -584,21 +601,49 @@ class BucketedBandit:
 
     def _best(self, bucket: _Bucket, eligible: list[str]) -> str:
         """Off, unless an eligible arm with at least ``min_samples_for_best`` samples beats off's estimate by
-        ``best_z`` standard errors; then the best estimate among those arms (config order on ties)."""
+        ``best_z`` standard errors over the period both windows cover (``_common_period``); then the best
+        estimate among those arms (config order on ties)."""
         m = self.cfg.min_samples_for_best
         off = bucket.arms[OFF.name]
-        bar = self._estimate(off) if OFF.name in eligible else -math.inf
         best, best_v = OFF.name, -math.inf
         for n in eligible:
             st = bucket.arms[n]
             if n == OFF.name or len(st.window) < m:
                 continue  # too little evidence to displace off (it is still explored)
-            v = self._estimate(st)
-            if v - self.cfg.best_z * self._se(st) <= bar:
+            if OFF.name in eligible:
+                st_c, off_c = self._common_period(st, off)
+                if len(st_c.window) < m:
+                    continue  # too little evidence from the period off's estimate describes
+                bar = self._estimate(off_c)
+            else:
+                st_c, bar = st, -math.inf
+            if self._estimate(st_c) - self.cfg.best_z * self._se(st_c) <= bar:
                 continue  # not reliably better than off
+            v = self._estimate(st)
             if v > best_v:  # strict: config order wins ties
                 best, best_v = n, v
         return best
+
+    def _common_period(self, st: _ArmStats, off: _ArmStats) -> tuple[_ArmStats, _ArmStats]:
+        """``st`` and off restricted to the period both windows cover (from the later of their oldest entries),
+        so that a challenger is compared with off on steps taken under the same conditions (``_best``).
+
+        Why: step costs drift with conditions the reward does not see: the context length (the requests
+        left at batch 1 at the end of a large rollout are the longest), the engine's size, and on a shared
+        machine its speed (+-20% within seconds here). Off, played most, keeps a recent slice; an explored
+        arm's window spans many rollouts. Compared as they were, a slow recent slice of off (the tail of a
+        batch-64 rollout) made every drafting arm look 1.2-1.5x faster than off at batch 1 in the long-tail
+        benchmark, the table made ``ngram-k3`` the best there, and the adaptive policy then ran whole batch-1
+        rollouts on it at 0.87x plain's speed (lock step). When off has fewer than ``min_samples_for_guard``
+        steps in the common period (a drafting arm is the best and gets most steps), both windows are used
+        whole, as before."""
+        if not st.seqs or not off.seqs or len(st.seqs) != len(st.window) or len(off.seqs) != len(off.window):
+            return st, off
+        start = max(st.seqs[0], off.seqs[0])
+        off_c = off.since(start) if off.seqs[0] < start else off
+        if len(off_c.window) < self.cfg.min_samples_for_guard:
+            return st, off
+        return (st.since(start) if st.seqs[0] < start else st), off_c
 
     def _cost_floor(self, i: int, name: str) -> float:
         """A pessimistic lower bound on arm ``name``'s extra time per committed token over off in bucket ``i``,
@@ -690,7 +735,7 @@ class BucketedBandit:
         if explored is not None:
             st.chosen += 1
             st.explored += int(bool(explored))
-        st.add(float(committed_tokens), float(seconds))
+        st.add(float(committed_tokens), float(seconds), bucket.obs)
         bucket.obs += 1
         off = bucket.arms[OFF.name]
         if name == OFF.name:
@@ -1000,6 +1045,7 @@ class BucketedBandit:
                 for t, s in ost.get("window", []):
                     if float(s) > 0:
                         st.window.append((float(t), float(s)))
+                        st.seqs.append(-1)
                         taken += 1
                 st.invalidate()
                 st.n += int(ost.get("n", 0))
