@@ -271,11 +271,7 @@ class Engine:
     ) -> list[RequestOutput]:
         """Decode ``requests`` to completion; outputs in the same order. Prompts held from an earlier call are
         forgotten first (the weights may have changed in between)."""
-        self.clock_origin = time.perf_counter()
-        if not self.running:
-            self.forget_prompts()
-        for r in requests:
-            self.add_request(r)
+        self.start(requests)
         done: dict[str, RequestOutput] = {}
         while self.has_unfinished():
             for out in self.step():
@@ -283,6 +279,16 @@ class Engine:
                 if on_finish is not None:
                     on_finish(out)
         return [done[r.request_id] for r in requests]
+
+    def start(self, requests: Sequence[GenerationRequest]) -> None:
+        """Begin a rollout: restart the engine clock, forget held prompts when nothing is running (the weights
+        may have changed since), queue ``requests``. ``generate`` = ``start`` + ``step`` until done; callers
+        that drive ``step`` themselves (several engines side by side) call it directly."""
+        self.clock_origin = time.perf_counter()
+        if not self.running:
+            self.forget_prompts()
+        for r in requests:
+            self.add_request(r)
 
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
