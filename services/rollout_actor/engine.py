@@ -575,8 +575,8 @@ class Engine:
             # each row's state after its last committed token (what the learned drafter reads next), picked
             # for the whole batch at once: [B, H] (one layer) or [B, k, H], one view per row
             hs = [out.hidden[layer] for layer in self.hidden_layers]  # each [B, n+1, H]
-            last = torch.tensor([ri[-1] for ri in rows_idx], device=dev)
-            picked = [h[torch.arange(b, device=dev), last] for h in hs]
+            at = (torch.arange(b, device=dev), torch.tensor([ri[-1] for ri in rows_idx], device=dev))
+            picked = [h[at] for h in hs]
             last_hid = (picked[0] if len(picked) == 1 else torch.stack(picked, 1)).unbind(0)
             if self.hidden_sink is not None:
                 hid = torch.stack(hs, 2)  # [B, n+1, k, H]

@@ -637,7 +637,7 @@ class BucketedBandit:
         rollouts on it at 0.87x plain's speed (lock step). When off has fewer than ``min_samples_for_guard``
         steps in the common period (a drafting arm is the best and gets most steps), both windows are used
         whole, as before."""
-        if not st.seqs or not off.seqs or len(st.seqs) != len(st.window) or len(off.seqs) != len(off.window):
+        if not st.seqs or not off.seqs:
             return st, off
         start = max(st.seqs[0], off.seqs[0])
         off_c = off.since(start) if off.seqs[0] < start else off
@@ -1045,7 +1045,7 @@ class BucketedBandit:
                 for t, s in ost.get("window", []):
                     if float(s) > 0:
                         st.window.append((float(t), float(s)))
-                        st.seqs.append(-1)
+                        st.seqs.append(bucket.obs)  # arrived now: newer than every step already held
                         taken += 1
                 st.invalidate()
                 st.n += int(ost.get("n", 0))
