@@ -1090,6 +1090,8 @@ def gate_table(table: Mapping[str, Any], drafters: Iterable[str]) -> dict[str, A
 
 
 _DEMOTE_KEYS = ("samples", "z", "margin", "cv_floor", "stall_cap")
+# the keys of one observation dict (``TablePolicy.drain_observations``, ``BucketedBandit.merge``)
+_OBSERVATION_KEYS = ("batch_size", "arm", "committed_tokens", "seconds", "explored", "table_version")
 
 
 class TablePolicy:
@@ -1126,9 +1128,12 @@ class TablePolicy:
             raise TunerConfigError(f"TablePolicy: max_pending must be >= 1, got {max_pending}")
         self._epsilon_override = epsilon
         self._rng = random.Random(seed)
-        self._pending: deque[dict[str, Any]] = deque(maxlen=max_pending)
+        # one tuple per decode step (batch_size, arm, committed_tokens, seconds, explored, table_version),
+        # made into dicts by ``drain_observations``: the per-step path runs every decode step
+        self._pending: deque[tuple] = deque(maxlen=max_pending)
         self.dropped = 0
-        self._last_explored: dict[tuple[int, str], bool] = {}
+        # the last ``choose``: (batch size, bucket, arm, explored), read by the ``observe`` of that step
+        self._last: tuple[int, int, str, bool] | None = None
         self.demotions: dict[int, int] = {}
         self.update(table)
 
@@ -1172,12 +1177,18 @@ class TablePolicy:
             int, _ArmStats
         ] = {}  # bucket -> this version's greedy plays of a drafting best
         self._demoted: set[int] = set()
+        # buckets with nothing to probe or explore: ``choose`` returns their best without drawing
+        self._settled = [not b.get("probe") and not b.get("explore") for b in buckets]
 
     def bucket_of(self, batch_size: int) -> int:
         return _bucket_index(self.edges, batch_size)
 
     def choose(self, batch_size: int) -> Arm:
         i = self.bucket_of(batch_size)
+        if self._settled[i]:  # the common case, every decode step: no draw, no lookups
+            name = OFF.name if i in self._demoted else self.buckets[i]["best"]
+            self._last = (batch_size, i, name, False)
+            return self.arms[name]
         b = self.buckets[i]
         explored = True
         name = next((n for n in b.get("probe", []) if (i, n) not in self._probed), None)
@@ -1191,24 +1202,20 @@ class TablePolicy:
             name = _draw(explore, probs, self._rng.random())
         if name is None:
             name, explored = (OFF.name if i in self._demoted else b["best"]), False
-        self._last_explored[(i, name)] = explored
+        self._last = (batch_size, i, name, explored)
         return self.arms[name]
 
     def observe(self, batch_size: int, arm: Arm | str, committed_tokens: float, seconds: float) -> None:
+        """Record one step of ``arm`` (explored when it is what the last ``choose`` drew for this bucket)."""
         name = _arm_name(arm)
-        i = self.bucket_of(batch_size)
+        last, self._last = self._last, None
+        i = last[1] if last is not None and last[0] == batch_size else self.bucket_of(batch_size)
+        # explored: the step the last ``choose`` drew for exploration (same bucket, same arm)
+        explored = last is not None and last[3] and last[1] == i and last[2] == name
         if len(self._pending) == self._pending.maxlen:
             self.dropped += 1
-        explored = self._last_explored.pop((i, name), False)
         self._pending.append(
-            {
-                "batch_size": int(batch_size),
-                "arm": name,
-                "committed_tokens": float(committed_tokens),
-                "seconds": float(seconds),
-                "explored": explored,
-                "table_version": self.version,
-            }
+            (int(batch_size), name, float(committed_tokens), float(seconds), explored, self.version)
         )
         if not explored and name != OFF.name and self.demote is not None and i not in self._demoted:
             self._observe_best(i, float(committed_tokens), float(seconds))
@@ -1235,6 +1242,6 @@ class TablePolicy:
             self.demotions[i] = self.demotions.get(i, 0) + 1
 
     def drain_observations(self) -> list[dict[str, Any]]:
-        out = list(self._pending)
+        out = [dict(zip(_OBSERVATION_KEYS, rec)) for rec in self._pending]
         self._pending.clear()
         return out

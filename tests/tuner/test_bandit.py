@@ -319,6 +319,30 @@ def test_table_policy_observations_round_trip_to_the_bandit():
     assert after["explored"] - before["explored"] == n_explored
 
 
+def test_table_policy_settled_bucket_and_the_explored_flag():
+    """A bucket with nothing to probe or explore returns its best without a draw (the per-step fast path),
+    still demoted to off when the actor demotes it; a step counts as explored only when it is the step the
+    last ``choose`` drew for exploration (same bucket, same arm)."""
+    table = _trained_bandit().table()
+    table["buckets"][0].update(explore=[], explore_p=[], probe=[])
+    policy = TablePolicy(table, seed=0)
+    assert {policy.choose(1).name for _ in range(50)} == {"suffix-k8-w1"}
+    policy._demoted.add(0)
+    assert policy.choose(1).name == "off"
+    policy.update(table)  # a new table version: demotions restart
+    assert policy.choose(1).name == "suffix-k8-w1"
+    policy.drain_observations()
+    # explored steps: drawn by choose at epsilon 1 (never the best), observed for the same batch and arm
+    explorer = TablePolicy(_trained_bandit().table(), epsilon=1.0, seed=1)
+    arm = explorer.choose(1)
+    assert arm.name != "suffix-k8-w1"
+    explorer.observe(1, arm, 2, 0.01)  # the step choose drew: explored
+    explorer.observe(1, arm, 2, 0.01)  # no choose before it: not explored
+    arm2 = explorer.choose(1)
+    explorer.observe(64, arm2, 2, 0.01)  # another bucket than the one chosen for: not explored
+    assert [o["explored"] for o in explorer.drain_observations()] == [True, False, False]
+
+
 def test_table_policy_bounded_buffer_and_bad_tables():
     bandit = _trained_bandit()
     policy = TablePolicy(bandit.table(), max_pending=10)
