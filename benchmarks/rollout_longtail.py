@@ -433,10 +433,10 @@ class TailspecRunner:
         drafters = {} if plain else self.fresh_drafters(own_learned)
         if plain:
             policy = FixedPolicy()
-        elif config == ADAPTIVE:
-            policy = self.adaptive
-        elif config == ADAPTIVE_COLD:
-            _, policy = self.new_adaptive(self.seed + 1 + rep)
+        elif config in (ADAPTIVE, ADAPTIVE_COLD):
+            policy = self.adaptive if config == ADAPTIVE else self.new_adaptive(self.seed + 1 + rep)[1]
+            # a gated drafter is not in the table: not attached, so the engine keeps no hidden states for it
+            drafters = {n: d for n, d in drafters.items() if n not in self.gated}
         else:
             strat = {**FIXED_ARMS, **LEARNED_ARMS}[config]
             policy = FixedPolicy(strat)
