@@ -139,7 +139,13 @@ and batches observations; ``drain_observations()`` gives them back, and the cent
 ingests them with ``merge()`` (a list of observation dicts); ``merge()`` also takes another bandit's
 ``state_dict()``. ``state_dict()`` / ``load_state_dict()`` checkpoint and restore (JSON-serializable).
 The table also carries each bucket's off estimate and the demotion settings (``demote_samples``, 16; None:
-never): an actor demotes a drafting best that its own plays show reliably below off (``TablePolicy``).
+never): an actor demotes a drafting best that its own plays show reliably below off (``TablePolicy``), and
+the ledger settings (``ledger_budget``, 1%; ``ledger_cap``; None: no ledger): an actor plays probes and
+explorations only while their realized extra time over off, per bucket, stays within that share of its
+greedy steps' time (``TablePolicy``, "Regret ledger"). The prices above come from estimates; the ledger
+bounds what is actually spent (batch 64 on the long-tail benchmark, lock step: probes and exploration
+6-7.5% of the rollout before, ~1.5% with it). On the distributed simulation of
+``tests/tuner/test_bandit_sim.py`` (seeds 5-16) the time over the oracle's went from 4.1% to 2.5%.
 Simulated (benchmark-like schedules at batch 1 / 4 / 16 / 64, drafters whose acceptance varies from rollout
 to rollout by a log-normal factor, sigma 0.35; 24 seeds, rollouts 5-12): speed vs always-off 1.135 / 1.026 /
 0.996 / 0.994 with demotion after 16 plays, 1.088 / 1.011 / 0.989 / 0.990 without, 1.123 / 1.036 / 1.000 /
@@ -196,6 +202,8 @@ class BanditConfig:
     fast_guard_cost: float = 2.0
     probe_samples: int = 2
     demote_samples: int | None = 16
+    ledger_budget: float | None = 0.01
+    ledger_cap: float = 2.0
     estimator: str = "capped"
     stall_cap: float = 2.0
     trim: float = 0.1
@@ -241,6 +249,9 @@ class BanditConfig:
         if self.demote_samples is not None:
             _check_int(self.demote_samples, f"{p}.demote_samples", 2)
         _check_num(self.guard_regret_budget, f"{p}.guard_regret_budget", 0.0, 1.0, lo_open=True)
+        if self.ledger_budget is not None:
+            _check_num(self.ledger_budget, f"{p}.ledger_budget", 0.0, 1.0, lo_open=True)
+        _check_num(self.ledger_cap, f"{p}.ledger_cap", 0.0, math.inf, lo_open=True)
         _check_int(self.fast_guard_samples, f"{p}.fast_guard_samples", 1)
         _check_num(self.fast_guard_cost, f"{p}.fast_guard_cost", 0.0, math.inf)
         _check_num(self.trim, f"{p}.trim", 0.0, 0.5, hi_open=True)
@@ -925,6 +936,9 @@ class BucketedBandit:
                 "cv_floor": cfg.guard_cv_floor,
                 "stall_cap": cfg.stall_cap,
             },
+            "ledger": None
+            if cfg.ledger_budget is None
+            else {"budget": cfg.ledger_budget, "cap": cfg.ledger_cap},
         }
 
     def best_arms(self) -> dict[int, str]:
@@ -1090,6 +1104,7 @@ def gate_table(table: Mapping[str, Any], drafters: Iterable[str]) -> dict[str, A
 
 
 _DEMOTE_KEYS = ("samples", "z", "margin", "cv_floor", "stall_cap")
+_LEDGER_ALPHA = 0.05  # weight of one off step in the ledger's off seconds per token (~20-step memory)
 # the keys of one observation dict (``TablePolicy.drain_observations``, ``BucketedBandit.merge``)
 _OBSERVATION_KEYS = ("batch_size", "arm", "committed_tokens", "seconds", "explored", "table_version")
 
@@ -1113,6 +1128,24 @@ class TablePolicy:
     steps, not the rollout: on the long-tail benchmark, a drafting best chosen on evidence from other
     prompts ran whole rollouts at batch 1 and 4 at +14-16% of off's time. The plays stay in the
     observations, so the tuner sees them too. ``demotions`` counts them (bucket index -> times).
+
+    Regret ledger (the table's ``ledger`` settings, ``BanditConfig.ledger_budget`` B and ``ledger_cap`` C): the
+    tuner prices exploration by probabilities and estimates (``explore_p``, the guard's holds); this actor
+    bounds what its probes and explorations *actually* cost, per bucket, whatever those estimates say. Each
+    bucket keeps a balance in seconds: every greedy step adds ``B * seconds``; every probe or exploration
+    step subtracts its extra time over plain decoding, ``seconds - committed_tokens * s_off``, where
+    ``s_off`` is this actor's seconds per committed token of off in that bucket (an exponential average of
+    its off steps, weight ``_LEDGER_ALPHA``, each step capped at twice the average: a GC pause is not a slow
+    arm; the table's ``off_estimate`` until the actor has played off there). A probe or exploration
+    is played only while the balance is >= 0 (else the bucket plays its best and the probe waits:
+    ``deferred`` counts those steps); the balance is capped at C off steps of the current batch size, so a
+    long greedy stretch does not bank a burst. So the realized extra time of non-greedy steps is at most
+    ``B`` of the greedy time plus one play and C off steps per bucket, over the actor's life (the balance
+    survives table updates), and an arm that is as fast as off (extra <= 0) is never held back. Why: the
+    tuner's prices come from its windows, and at batch >= 32 they understate a draft's cost 2-3x (the
+    verify of k + 1 tokens per row is compute-bound; the cost floor comes from smaller buckets); measured in
+    lock step on the long-tail benchmark, probes and exploration at batch 32-64 were 6-7.5% of a batch-64
+    rollout (`238409b`). Without a reference (no off play here, no ``off_estimate``) steps are not priced.
     """
 
     def __init__(
@@ -1135,6 +1168,10 @@ class TablePolicy:
         # the last ``choose``: (batch size, bucket, arm, explored), read by the ``observe`` of that step
         self._last: tuple[int, int, str, bool] | None = None
         self.demotions: dict[int, int] = {}
+        # regret ledger (class docstring), per bucket: balance in seconds, off's seconds per committed token
+        self._balance: list[float] = []
+        self._off_spt: list[float | None] = []
+        self.deferred = 0  # probe / exploration steps the ledger turned into greedy steps
         self.update(table)
 
     def update(self, table: Mapping[str, Any]) -> None:
@@ -1157,6 +1194,14 @@ class TablePolicy:
                     f"TablePolicy: bucket {b.get('bucket')}: explore_p {ps} must hold one probability in [0, 1] "
                     f"per explore arm {b.get('explore', [])}"
                 )
+        ledger = None
+        if table.get("ledger"):
+            try:
+                ledger = (float(table["ledger"]["budget"]), float(table["ledger"]["cap"]))
+            except (KeyError, TypeError, ValueError) as e:
+                raise TunerConfigError(
+                    f"TablePolicy: malformed ledger settings {table['ledger']!r} (need budget, cap: {e!r})"
+                ) from None
         self.version = int(table.get("version", 0))
         self.edges = edges
         self.arms = arms
@@ -1179,6 +1224,10 @@ class TablePolicy:
         self._demoted: set[int] = set()
         # buckets with nothing to probe or explore: ``choose`` returns their best without drawing
         self._settled = [not b.get("probe") and not b.get("explore") for b in buckets]
+        self.ledger = ledger
+        if len(self._balance) != len(buckets):  # the first table, or other buckets: start afresh
+            self._balance = [0.0] * len(buckets)
+            self._off_spt = [None] * len(buckets)
 
     def bucket_of(self, batch_size: int) -> int:
         return _bucket_index(self.edges, batch_size)
@@ -1192,7 +1241,11 @@ class TablePolicy:
         b = self.buckets[i]
         explored = True
         name = next((n for n in b.get("probe", []) if (i, n) not in self._probed), None)
-        if name is not None:
+        if self.ledger is not None and self._balance[i] < 0.0:
+            # in debt: no probe (it waits, class docstring) and no exploration until the balance is >= 0
+            self.deferred += name is not None
+            name = None
+        elif name is not None:
             self._probed.add((i, name))
         elif b.get("explore"):
             explore = b["explore"]
@@ -1217,8 +1270,30 @@ class TablePolicy:
         self._pending.append(
             (int(batch_size), name, float(committed_tokens), float(seconds), explored, self.version)
         )
+        if self.ledger is not None:
+            self._account(i, batch_size, name, float(committed_tokens), float(seconds), explored)
         if not explored and name != OFF.name and self.demote is not None and i not in self._demoted:
             self._observe_best(i, float(committed_tokens), float(seconds))
+
+    def _account(
+        self, i: int, batch_size: int, name: str, tokens: float, seconds: float, explored: bool
+    ) -> None:
+        """The regret ledger's entry for one step of bucket ``i`` (class docstring)."""
+        spt = self._off_spt[i]
+        if name == OFF.name and tokens > 0:  # probed or greedy, off's cost is off's cost
+            x = seconds / tokens
+            spt = x if spt is None else spt + _LEDGER_ALPHA * (min(x, 2.0 * spt) - spt)
+            self._off_spt[i] = spt
+        if spt is None:
+            est = self.buckets[i].get("off_estimate")
+            if not est:
+                return  # no reference to price the step by
+            spt = 1.0 / float(est)
+        if explored:
+            self._balance[i] -= seconds - tokens * spt
+        else:
+            budget, cap = self.ledger
+            self._balance[i] = min(self._balance[i] + budget * seconds, cap * batch_size * spt)
 
     def _observe_best(self, i: int, tokens: float, seconds: float) -> None:
         """One greedy play of bucket ``i``'s drafting best: demote it to off when reliably below off (see the

@@ -69,6 +69,8 @@ def table_to_pb(table: Mapping[str, Any]) -> common_pb2.StrategyTable:
     )
     if table.get("demote"):
         pb.demote.CopyFrom(common_pb2.DemoteSettings(**table["demote"]))
+    if table.get("ledger"):
+        pb.ledger.CopyFrom(common_pb2.LedgerSettings(**table["ledger"]))
     return pb
 
 
@@ -110,6 +112,7 @@ def table_from_pb(pb: common_pb2.StrategyTable) -> dict[str, Any]:
         }
         if pb.HasField("demote")
         else None,
+        "ledger": {"budget": pb.ledger.budget, "cap": pb.ledger.cap} if pb.HasField("ledger") else None,
     }
 
 

@@ -129,13 +129,14 @@ def test_ucb_guard_rule_and_ratio_estimator_also_converge():
         assert bandit.best_arms()[3] == "suffix-k4-w1"
 
 
-def test_distributed_actors_with_table_policies_converge():
+def _distributed(seed: int) -> tuple[BucketedBandit, float, int]:
     """Four actors play in-process table copies; the central bandit merges their observations and
-    republishes its table every 25 steps of each actor."""
-    central = BucketedBandit(ARMS, BanditConfig(seed=5))
+    republishes its table every 25 steps of each actor. Returns the central bandit, the time over the
+    oracle's, and the plays of the bad arm at batch >= 64."""
+    central = BucketedBandit(ARMS, BanditConfig(seed=seed))
     actors = [TablePolicy(central.table(), seed=100 + i) for i in range(4)]
     scheds = [list(schedule(20, 10 + i)) for i in range(4)]
-    rng = random.Random(5)
+    rng = random.Random(seed)
     secs = oracle = 0.0
     bad_plays = 0
     for start in range(0, len(scheds[0]), 25):
@@ -152,18 +153,26 @@ def test_distributed_actors_with_table_policies_converge():
         table = central.table()
         for actor in actors:
             actor.update(table)
-    assert central.best_arms()[0] == BEST[0]
-    assert central.best_arms()[3] == BEST[3]
-    assert central.best_arms()[6] == BEST[6]
-    assert (
-        bad_plays <= 16
-    )  # 4 actors: each probes it once per table version while it is untried / on probation
-    assert secs / oracle <= 1.15
-    stats = central.stats()
-    assert stats["chosen"] == 4 * len(scheds[0])
-    # explored, but well below epsilon (0.1): the regret budget prices the arms that lose
-    assert 0.01 < stats["exploration_fraction"] < 0.1
-    assert stats["dropped"] == 0
+    assert central.stats()["chosen"] == 4 * len(scheds[0])
+    return central, secs / oracle, bad_plays
+
+
+def test_distributed_actors_with_table_policies_converge():
+    """Three seeds. Batch 1's best (``learned-k16-w2-d8``) is 5% ahead of the runner-up and has 800 steps per
+    actor to be found in: found in 11 of seeds 5-16, with the actors' regret ledger as without it (the
+    ledger changes which draws are made, so which seed misses), hence "at least two of three" here."""
+    runs = [_distributed(seed) for seed in (5, 6, 7)]
+    assert sum(c.best_arms()[0] == BEST[0] for c, _, _ in runs) >= 2
+    for central, time_ratio, bad_plays in runs:
+        assert central.best_arms()[3] == BEST[3]
+        assert central.best_arms()[6] == BEST[6]
+        # 4 actors: each probes it once per table version while it is untried / on probation
+        assert bad_plays <= 16
+        assert time_ratio <= 1.15
+        stats = central.stats()
+        # explored, but well below epsilon (0.1): the regret budget prices the arms that lose
+        assert 0.01 < stats["exploration_fraction"] < 0.1
+        assert stats["dropped"] == 0
 
 
 @pytest.mark.parametrize("estimator", ["capped", "median"])

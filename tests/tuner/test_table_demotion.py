@@ -102,6 +102,7 @@ def test_explored_plays_and_other_buckets_do_not_count():
     table["buckets"][0]["explore"] = [NGRAM.name]
     table["buckets"][0]["explore_p"] = [1.0]
     table["arms"][NGRAM.name] = NGRAM.to_dict()
+    table["ledger"] = None  # (the regret ledger would stop exploring so slow an arm after one play)
     policy = TablePolicy(table, seed=0)
     for _ in range(64):  # every step explores ngram (a drafting arm, slow): never the best's evidence
         arm = policy.choose(1)

@@ -237,8 +237,16 @@ class DemoteSettings(_message.Message):
     stall_cap: float
     def __init__(self, samples: _Optional[int] = ..., z: _Optional[float] = ..., margin: _Optional[float] = ..., cv_floor: _Optional[float] = ..., stall_cap: _Optional[float] = ...) -> None: ...
 
+class LedgerSettings(_message.Message):
+    __slots__ = ("budget", "cap")
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    CAP_FIELD_NUMBER: _ClassVar[int]
+    budget: float
+    cap: float
+    def __init__(self, budget: _Optional[float] = ..., cap: _Optional[float] = ...) -> None: ...
+
 class StrategyTable(_message.Message):
-    __slots__ = ("version", "epsilon", "bucket_edges", "arms", "buckets", "drafter_version", "created_at", "demote")
+    __slots__ = ("version", "epsilon", "bucket_edges", "arms", "buckets", "drafter_version", "created_at", "demote", "ledger")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EPSILON_FIELD_NUMBER: _ClassVar[int]
     BUCKET_EDGES_FIELD_NUMBER: _ClassVar[int]
@@ -247,6 +255,7 @@ class StrategyTable(_message.Message):
     DRAFTER_VERSION_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     DEMOTE_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_FIELD_NUMBER: _ClassVar[int]
     version: int
     epsilon: float
     bucket_edges: _containers.RepeatedScalarFieldContainer[int]
@@ -255,7 +264,8 @@ class StrategyTable(_message.Message):
     drafter_version: int
     created_at: _timestamp_pb2.Timestamp
     demote: DemoteSettings
-    def __init__(self, version: _Optional[int] = ..., epsilon: _Optional[float] = ..., bucket_edges: _Optional[_Iterable[int]] = ..., arms: _Optional[_Iterable[_Union[Arm, _Mapping]]] = ..., buckets: _Optional[_Iterable[_Union[StrategyBucket, _Mapping]]] = ..., drafter_version: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., demote: _Optional[_Union[DemoteSettings, _Mapping]] = ...) -> None: ...
+    ledger: LedgerSettings
+    def __init__(self, version: _Optional[int] = ..., epsilon: _Optional[float] = ..., bucket_edges: _Optional[_Iterable[int]] = ..., arms: _Optional[_Iterable[_Union[Arm, _Mapping]]] = ..., buckets: _Optional[_Iterable[_Union[StrategyBucket, _Mapping]]] = ..., drafter_version: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., demote: _Optional[_Union[DemoteSettings, _Mapping]] = ..., ledger: _Optional[_Union[LedgerSettings, _Mapping]] = ...) -> None: ...
 
 class ServiceInfo(_message.Message):
     __slots__ = ("service", "instance_id", "address", "version", "started_at", "uptime_seconds", "message")

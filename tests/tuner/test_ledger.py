@@ -1,0 +1,141 @@
+"""A rollout actor's regret ledger (``TablePolicy``, ``BanditConfig.ledger_budget`` / ``ledger_cap``): probes
+and explorations are played only while their realized extra time over off stays within the budget of the
+greedy steps' time, whatever the table's prices say; arms as fast as off are never held back."""
+
+import random
+
+import pytest
+
+from services.tuner.arms import OFF, Arm, TunerConfigError
+from services.tuner.bandit import BanditConfig, BucketedBandit, TablePolicy
+from services.tuner.grpc_service import table_from_pb, table_to_pb
+
+SUFFIX = Arm.from_name("suffix-k8-w1")
+NGRAM = Arm.from_name("ngram-k3-w1")
+OFF_S = 0.01  # seconds of one off step at batch 1 (one committed token)
+
+
+def table_with(explore=(), explore_p=(), probe=(), ledger=(0.01, 2.0), off_estimate=None) -> dict:
+    """A one-bucket table whose best is off."""
+    return {
+        "version": 1,
+        "epsilon": 0.1,
+        "bucket_edges": [1],
+        "arms": {a.name: a.to_dict() for a in (OFF, SUFFIX, NGRAM)},
+        "buckets": [
+            {
+                "bucket": 0,
+                "lo": 1,
+                "hi": None,
+                "best": OFF.name,
+                "explore": list(explore),
+                "explore_p": list(explore_p),
+                "probe": list(probe),
+                "guarded": [],
+                "off_estimate": off_estimate,
+            }
+        ],
+        "ledger": None if ledger is None else {"budget": ledger[0], "cap": ledger[1]},
+    }
+
+
+def run(policy: TablePolicy, steps: int, cost: dict[str, tuple[float, float]], seed: int = 0) -> dict:
+    """``steps`` decode steps at batch 1; ``cost[arm] = (committed tokens, seconds)`` (off: 1 token in
+    ``OFF_S``, +-5%). Returns the greedy seconds, the explored steps and their extra seconds over off."""
+    rng = random.Random(seed)
+    greedy_s = extra = 0.0
+    explored = 0
+    for _ in range(steps):
+        arm = policy.choose(1)
+        tokens, seconds = cost.get(arm.name, (1.0, OFF_S))
+        seconds *= rng.uniform(0.95, 1.05)
+        policy.observe(1, arm, tokens, seconds)
+        if policy._pending[-1][4]:  # the explored flag of this step's record
+            explored += 1
+            extra += seconds - tokens * OFF_S
+        else:
+            greedy_s += seconds
+    return {"greedy_s": greedy_s, "explored": explored, "extra_s": extra}
+
+
+def test_the_ledger_bounds_what_exploration_costs_and_without_it_the_table_decides():
+    """An arm 3x slower than off per token (each play 2 off steps of extra time), explored with p = 0.2: the
+    table's price is wrong by far. With the ledger (1%, cap 2 off steps) the explored steps' extra time is at
+    most 1% of the greedy time plus one play and the cap; without it, exploration costs ~40% of the time."""
+    cost = {NGRAM.name: (1.0, 3 * OFF_S)}
+    with_ledger = TablePolicy(table_with([NGRAM.name], [0.2]), seed=0)
+    r = run(with_ledger, 4000, cost)
+    assert r["explored"] > 5  # it still explores, at the budget's pace
+    assert r["extra_s"] <= 0.01 * r["greedy_s"] + 2 * OFF_S * 1.05 + 2 * OFF_S + 1e-9
+    assert with_ledger.deferred == 0  # nothing to probe, so nothing deferred
+
+    without = TablePolicy(table_with([NGRAM.name], [0.2], ledger=None), seed=0)
+    r0 = run(without, 4000, cost)
+    assert r0["extra_s"] > 20 * r["extra_s"]
+    assert r0["extra_s"] > 0.3 * r0["greedy_s"]
+
+
+def test_an_arm_as_fast_as_off_is_never_held_back():
+    """Exploring an arm that commits 2 tokens in 1.5 off steps earns time back: it is explored at the table's
+    rate, as without a ledger."""
+    cost = {SUFFIX.name: (2.0, 1.5 * OFF_S)}
+    p = 0.1
+    policy = TablePolicy(table_with([SUFFIX.name], [p]), seed=1)
+    r = run(policy, 3000, cost)
+    ref = run(TablePolicy(table_with([SUFFIX.name], [p], ledger=None), seed=1), 3000, cost)
+    assert r["explored"] == ref["explored"]  # same draws, none refused
+    assert r["extra_s"] < 0
+
+
+def test_probes_wait_for_the_balance_and_it_survives_a_table_update():
+    """The first probe is played at once (balance 0); it leaves the bucket in debt, so the second probe waits
+    (the bucket plays its best, counted in ``deferred``) until greedy steps have paid the debt back; the
+    balance carries over to the next table version."""
+    cost = {NGRAM.name: (1.0, 3 * OFF_S), SUFFIX.name: (1.0, 3 * OFF_S)}
+    policy = TablePolicy(table_with(probe=[NGRAM.name, SUFFIX.name], off_estimate=1 / OFF_S), seed=0)
+    chosen = []
+    for _ in range(400):
+        arm = policy.choose(1)
+        chosen.append(arm.name)
+        tokens, seconds = cost.get(arm.name, (1.0, OFF_S))
+        policy.observe(1, arm, tokens, seconds)
+    assert chosen[0] == NGRAM.name
+    second = chosen.index(SUFFIX.name)
+    # debt 2 off steps, paid back at 1% of an off step per greedy step: ~200 greedy steps
+    assert 150 <= second <= 250
+    assert policy.deferred == second - 1
+    assert chosen.count(NGRAM.name) == 1 and chosen.count(SUFFIX.name) == 1
+    assert policy._balance[0] < 0  # in debt again after the second probe
+    policy.update(table_with(probe=[NGRAM.name], off_estimate=1 / OFF_S))
+    assert policy.choose(1) == OFF  # the new version's probe waits too
+    assert policy.deferred == second
+
+
+def test_a_stalled_off_step_barely_moves_the_reference():
+    """A 100x off step (a GC pause) moves the ledger's off seconds per token by at most its weight (5%):
+    exploration does not suddenly look cheap."""
+    policy = TablePolicy(table_with(), seed=0)
+    for _ in range(50):
+        policy.observe(1, policy.choose(1), 1.0, OFF_S)
+    policy.observe(1, policy.choose(1), 1.0, 100 * OFF_S)
+    assert policy._off_spt[0] == pytest.approx(OFF_S * 1.05)
+
+
+def test_settings_reach_the_actor_and_bad_ones_fail_clearly():
+    bandit = BucketedBandit([OFF, SUFFIX], BanditConfig(ledger_budget=0.02, ledger_cap=3.0))
+    table = bandit.table()
+    assert table["ledger"] == {"budget": 0.02, "cap": 3.0}
+    assert table_from_pb(table_to_pb(table))["ledger"] == table["ledger"]
+    assert TablePolicy(table).ledger == (0.02, 3.0)
+    off = BucketedBandit([OFF, SUFFIX], BanditConfig(ledger_budget=None)).table()
+    assert off["ledger"] is None and table_from_pb(table_to_pb(off))["ledger"] is None
+    assert TablePolicy(off).ledger is None
+    with pytest.raises(TunerConfigError, match=r"tuner\.bandit\.ledger_budget"):
+        BanditConfig(ledger_budget=0.0)
+    with pytest.raises(TunerConfigError, match=r"tuner\.bandit\.ledger_cap"):
+        BanditConfig.from_dict({"ledger_cap": -1}, source="cfg.yaml")
+    bad = dict(table, ledger={"budget": 0.01})
+    policy = TablePolicy(table)
+    with pytest.raises(TunerConfigError, match="ledger"):
+        policy.update(bad)
+    assert policy.ledger == (0.02, 3.0)  # the malformed table changed nothing
