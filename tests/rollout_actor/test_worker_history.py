@@ -26,3 +26,22 @@ def test_rollout_responses_enter_the_history_after_the_rollout(tiny_policy_dir):
         assert suffix.stats()["global_responses"] == 8
     finally:
         w.close()
+
+
+def test_the_decode_loop_runs_with_the_history_frozen_out_of_gc(tiny_policy_dir):
+    """During a rollout the objects that existed at its start (the drafters' history among them) sit in the
+    GC's permanent generation, so collections on the decode path do not walk them; after it, none do."""
+    import gc
+
+    w = RolloutWorker(0, str(tiny_policy_dir), SAMPLING, max_batch_size=4)
+    frozen_during: list[int] = []
+    flush = w._flush_hidden
+    w._flush_hidden = lambda out: (frozen_during.append(gc.get_freeze_count()), flush(out))
+    reqs = [RolloutRequest(f"p0-{g}", "p0", [5, 6, 7, 8], g) for g in range(3)]
+    try:
+        assert gc.get_freeze_count() == 0
+        w.rollout(reqs, step=1)
+        assert len(frozen_during) == 3 and min(frozen_during) > 1000
+        assert gc.get_freeze_count() == 0
+    finally:
+        w.close()
