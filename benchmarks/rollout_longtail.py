@@ -497,9 +497,14 @@ class TailspecRunner:
         reqs = {c: workload.requests(sampling, seed) for c in configs}
         # The engines side by side hold one copy of the suffix history each (a rollout worker holds one): a
         # full GC collection then walks all of them, 250-370 ms, charged to whichever engine's step set it
-        # off (one such step was 12% of an adaptive batch-64 rollout). Frozen, collections skip them.
+        # off (one such step was 12% of an adaptive batch-64 rollout). Frozen, collections skip them. What
+        # the twelve engines allocate during the rounds is not frozen, and a full collection of it (up to
+        # 80 ms, measured: one off step of an adaptive batch-4 rollout, 7.5% of it) again lands on a random
+        # engine: the automatic GC is off over the rounds (a rollout worker decodes alone, frozen likewise),
+        # and the garbage is collected after them, untimed.
         gc.collect()
         gc.freeze()
+        gc.disable()
         try:
             for c in configs:  # generate()'s start, timed as in a sequential run
                 eng = built[c][0]
@@ -528,7 +533,9 @@ class TailspecRunner:
                     if not eng.has_unfinished():
                         live.remove(c)
         finally:
+            gc.enable()
             gc.unfreeze()  # collectable again once dropped (this also thaws what main() froze)
+            gc.collect()
         results = []
         for c in configs:
             eng, clock, policy = built[c]
