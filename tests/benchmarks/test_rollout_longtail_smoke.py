@@ -282,3 +282,36 @@ def test_lockstep_verdicts_judge_adaptive_against_the_same_rounds():
         "2"
     ]
     assert v["best_fixed_arm"] == "suffix-k4" and v["adaptive_over_best_fixed"] == pytest.approx(1.1)
+
+
+def test_lockstep_orders_the_engines_afresh_each_round(tiny_policy_dir):
+    """Each round every live engine steps once, in an order drawn afresh (seeded): an engine's step inherits
+    the caches its predecessor left, so no engine may always follow the same one. The GC is back on and
+    nothing is left frozen after the rounds."""
+    import gc
+
+    from services.rollout_actor.model import Transformer
+
+    model = Transformer.from_pretrained(tiny_policy_dir).eval()
+    runner = rl.TailspecRunner(model, None, max_seq_len=64, longtail_batch=2)
+    wl = rl.Workload(2, [rl.Prompt("p0", [5, 6, 7, 8])], group=2)
+    sampling = dict(temperature=0.9, top_p=1.0, top_k=0, max_new_tokens=10)
+    configs = ["plain", "plain-again", "suffix-k4", "ngram-k3"]
+    steps: list[str] = []
+    build = runner._engine
+
+    def recording(config, workload, rep, own_learned=False):
+        eng, clock, policy = build(config, workload, rep, own_learned)
+        step = eng.step
+        eng.step = lambda: (steps.append(config), step())[1]
+        return eng, clock, policy
+
+    runner._engine = recording
+    results = runner.run_lockstep(configs, wl, sampling, seed=1, rep=0)
+    assert [r.config for r in results] == configs
+    rounds = [steps[i : i + len(configs)] for i in range(0, 4 * len(configs), len(configs))]
+    assert all(sorted(r) == sorted(configs) for r in rounds)  # every engine once per round (all still live)
+    assert len({tuple(r) for r in rounds}) > 1
+    predecessor = {(r[j - 1], r[j]) for r in rounds for j in range(1, len(r))}
+    assert len(predecessor) > len(configs)  # a fixed cyclic order (rotated or not) has exactly len(configs)
+    assert gc.isenabled() and gc.get_freeze_count() == 0
