@@ -1132,7 +1132,9 @@ class TablePolicy:
     Regret ledger (the table's ``ledger`` settings, ``BanditConfig.ledger_budget`` B and ``ledger_cap`` C): the
     tuner prices exploration by probabilities and estimates (``explore_p``, the guard's holds); this actor
     bounds what its probes and explorations *actually* cost, per bucket, whatever those estimates say. Each
-    bucket keeps a balance in seconds: every greedy step adds ``B * seconds``; every probe or exploration
+    bucket keeps a balance in seconds: every greedy step adds ``B * seconds`` (except in a settled bucket, with
+    nothing to probe or explore in this table version: nothing to spend it on; there off steps take the fast
+    path, which records and nothing else); every probe or exploration
     step subtracts its extra time over plain decoding, ``seconds - committed_tokens * s_off``, where
     ``s_off`` is this actor's seconds per committed token of off in that bucket (an exponential average of
     its off steps, weight ``_LEDGER_ALPHA``, each step capped at twice the average: a GC pause is not a slow
@@ -1224,19 +1226,32 @@ class TablePolicy:
         self._demoted: set[int] = set()
         # buckets with nothing to probe or explore: ``choose`` returns their best without drawing
         self._settled = [not b.get("probe") and not b.get("explore") for b in buckets]
+        # the per-step fast path: batch size -> the off arm, for batch sizes whose bucket is settled on off
+        # (filled by ``choose``); ``_last`` is then that batch size alone, and ``observe`` only records
+        self._fast: dict[int, Arm] = {}
+        self._off_arm = arms.get(OFF.name)
         self.ledger = ledger
         if len(self._balance) != len(buckets):  # the first table, or other buckets: start afresh
             self._balance = [0.0] * len(buckets)
             self._off_spt = [None] * len(buckets)
+        for i, settled in enumerate(self._settled):
+            if settled:  # its off steps do not update the reference (fast path): the table's until it moves
+                self._off_spt[i] = None
 
     def bucket_of(self, batch_size: int) -> int:
         return _bucket_index(self.edges, batch_size)
 
     def choose(self, batch_size: int) -> Arm:
+        arm = self._fast.get(batch_size)
+        if arm is not None:  # the common case, every decode step: as little work as possible
+            self._last = batch_size
+            return arm
         i = self.bucket_of(batch_size)
-        if self._settled[i]:  # the common case, every decode step: no draw, no lookups
+        if self._settled[i]:  # no draw
             name = OFF.name if i in self._demoted else self.buckets[i]["best"]
             self._last = (batch_size, i, name, False)
+            if name == OFF.name:
+                self._fast[batch_size] = self.arms[name]
             return self.arms[name]
         b = self.buckets[i]
         explored = True
@@ -1260,8 +1275,19 @@ class TablePolicy:
 
     def observe(self, batch_size: int, arm: Arm | str, committed_tokens: float, seconds: float) -> None:
         """Record one step of ``arm`` (explored when it is what the last ``choose`` drew for this bucket)."""
-        name = _arm_name(arm)
         last, self._last = self._last, None
+        if last == batch_size and arm is self._off_arm:
+            # fast path: a greedy off step of a settled bucket (nothing to demote, no ledger entry: a settled
+            # bucket has nothing to spend it on; its balance moves again once it has)
+            if len(self._pending) == self._pending.maxlen:
+                self.dropped += 1
+            self._pending.append(
+                (batch_size, OFF.name, float(committed_tokens), float(seconds), False, self.version)
+            )
+            return
+        if isinstance(last, int):
+            last = (last, self.bucket_of(last), OFF.name, False)
+        name = _arm_name(arm)
         i = last[1] if last is not None and last[0] == batch_size else self.bucket_of(batch_size)
         # explored: the step the last ``choose`` drew for exploration (same bucket, same arm)
         explored = last is not None and last[3] and last[1] == i and last[2] == name
@@ -1270,7 +1296,7 @@ class TablePolicy:
         self._pending.append(
             (int(batch_size), name, float(committed_tokens), float(seconds), explored, self.version)
         )
-        if self.ledger is not None:
+        if self.ledger is not None and not self._settled[i]:
             self._account(i, batch_size, name, float(committed_tokens), float(seconds), explored)
         if not explored and name != OFF.name and self.demote is not None and i not in self._demoted:
             self._observe_best(i, float(committed_tokens), float(seconds))

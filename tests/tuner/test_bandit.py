@@ -481,3 +481,31 @@ def test_a_table_builds_where_drafting_arms_have_samples_and_off_has_none():
     assert b["probe"] == ["off", "suffix-k8-w1", "ngram-k3-w1"]  # off first, then the under-sampled arms
     assert b["explore"] == ["suffix-k8-w1", "ngram-k3-w1"]
     assert b["explore_p"] == [cfg.epsilon / 2] * 2  # no reference to price by: the full share
+
+
+def test_table_policy_fast_path_records_what_the_slow_path_records():
+    """Batch sizes whose bucket is settled on off take the fast path (``choose`` is a dict lookup, ``observe``
+    only records); the records are those of the slow path, and a new table that gives the bucket an arm to
+    probe ends the fast path at once."""
+    table = _trained_bandit().table()
+    for b in table["buckets"]:
+        b.update(best="off", explore=[], explore_p=[], probe=[])
+    fast = TablePolicy(table, seed=0)
+    for b in (64, 64, 3, 64):
+        fast.observe(b, fast.choose(b), float(b), 0.01)
+    assert set(fast._fast) == {3, 64}
+    slow = TablePolicy(table, seed=0)
+    for b in (64, 64, 3, 64):
+        slow.choose(b)
+        slow._last = (b, slow.bucket_of(b), "off", False)  # as the slow path leaves it
+        slow.observe(b, slow.arms["off"], float(b), 0.01)
+    assert fast.drain_observations() == slow.drain_observations()
+    # an off step reported as a string, or for another batch size than chosen, takes the slow path
+    fast.choose(64)
+    fast.observe(64, "off", 64.0, 0.01)
+    fast.choose(64)
+    fast.observe(63, fast.arms["off"], 63.0, 0.01)
+    assert [o["batch_size"] for o in fast.drain_observations()] == [64, 63]
+    table["buckets"][6]["probe"] = ["suffix-k8-w1"]
+    fast.update(table)
+    assert fast._fast == {} and fast.choose(64).name == "suffix-k8-w1"

@@ -114,7 +114,7 @@ def test_probes_wait_for_the_balance_and_it_survives_a_table_update():
 def test_a_stalled_off_step_barely_moves_the_reference():
     """A 100x off step (a GC pause) moves the ledger's off seconds per token by at most its weight (5%):
     exploration does not suddenly look cheap."""
-    policy = TablePolicy(table_with(), seed=0)
+    policy = TablePolicy(table_with([SUFFIX.name], [0.0]), seed=0)  # something to explore: the ledger runs
     for _ in range(50):
         policy.observe(1, policy.choose(1), 1.0, OFF_S)
     policy.observe(1, policy.choose(1), 1.0, 100 * OFF_S)
@@ -139,3 +139,19 @@ def test_settings_reach_the_actor_and_bad_ones_fail_clearly():
     with pytest.raises(TunerConfigError, match="ledger"):
         policy.update(bad)
     assert policy.ledger == (0.02, 3.0)  # the malformed table changed nothing
+
+
+def test_a_bucket_settled_on_off_banks_nothing_and_prices_by_the_table_when_it_moves():
+    """Steps of a bucket with nothing to probe or explore take the fast path: recorded, no ledger entry. When a
+    later table gives it something to explore, the first play is priced by the table's off estimate."""
+    policy = TablePolicy(table_with(off_estimate=1 / OFF_S), seed=0)
+    for _ in range(500):
+        policy.observe(1, policy.choose(1), 1.0, OFF_S)
+    assert policy._balance[0] == 0.0 and policy._off_spt[0] is None
+    assert len(policy.drain_observations()) == 500
+    policy.update(table_with([NGRAM.name], [1.0], off_estimate=1 / OFF_S))
+    arm = policy.choose(1)
+    assert arm == NGRAM
+    policy.observe(1, arm, 1.0, 3 * OFF_S)
+    assert policy._balance[0] == pytest.approx(-2 * OFF_S)
+    assert policy.choose(1) == OFF  # in debt
