@@ -144,7 +144,7 @@ the ledger settings (``ledger_budget``, 1%; ``ledger_cap``; None: no ledger): an
 explorations only while their realized extra time over off, per bucket, stays within that share of its
 greedy steps' time (``TablePolicy``, "Regret ledger"). The prices above come from estimates; the ledger
 bounds what is actually spent (batch 64 on the long-tail benchmark, lock step: probes and exploration
-6-7.5% of the rollout before, ~1.5% with it). On the distributed simulation of
+6-7.5% of the rollout before, 0.5-2% with it). On the distributed simulation of
 ``tests/tuner/test_bandit_sim.py`` (seeds 5-16) the time over the oracle's went from 4.1% to 2.5%.
 Simulated (benchmark-like schedules at batch 1 / 4 / 16 / 64, drafters whose acceptance varies from rollout
 to rollout by a log-normal factor, sigma 0.35; 24 seeds, rollouts 5-12): speed vs always-off 1.135 / 1.026 /
@@ -1167,8 +1167,9 @@ class TablePolicy:
         # made into dicts by ``drain_observations``: the per-step path runs every decode step
         self._pending: deque[tuple] = deque(maxlen=max_pending)
         self.dropped = 0
-        # the last ``choose``: (batch size, bucket, arm, explored), read by the ``observe`` of that step
-        self._last: tuple[int, int, str, bool] | None = None
+        # the last ``choose``: (batch size, bucket, arm, explored), or the batch size alone when it took the
+        # fast path (a settled bucket's off step); read by the ``observe`` of that step
+        self._last: tuple[int, int, str, bool] | int | None = None
         self.demotions: dict[int, int] = {}
         # regret ledger (class docstring), per bucket: balance in seconds, off's seconds per committed token
         self._balance: list[float] = []
