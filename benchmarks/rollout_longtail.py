@@ -422,7 +422,7 @@ class TailspecRunner:
         """Merge the adaptive policy's drained observations into the tuner; install the new table."""
         obs = self.adaptive.drain_observations()
         self.adaptive.update_table(gate_table(self.tuner.merge(obs), self.gated))
-        self.adaptive.choices = {}
+        self.adaptive.drain_choices()
         return len(obs)
 
     def _engine(self, config: str, workload: Workload, rep: int, own_learned: bool = False):
@@ -459,10 +459,10 @@ class TailspecRunner:
         lt_cpu = [c for bs, c, _ in clock.steps if bs <= self.longtail_batch]
         res.longtail_cpu_s = sum(lt_cpu) if lt_cpu else None
         if config == ADAPTIVE:
-            res.strategies = dict(self.adaptive.choices)
+            res.strategies = self.adaptive.drain_choices()
             self.learn()
         elif config == ADAPTIVE_COLD:
-            res.strategies = dict(policy.choices)
+            res.strategies = policy.drain_choices()
         return res
 
     def run(self, config: str, workload: Workload, sampling: dict, seed: int, rep: int) -> RunResult:

@@ -333,7 +333,7 @@ class RolloutWorker:
         """This shard's tuner choices; its observations go to the tuner (when connected) in one batch."""
         if self.tuned is None:
             return None, 0
-        choices, self.tuned.choices = self.tuned.choices, {}
+        choices = self.tuned.drain_choices()
         if self._tuner is None:
             return choices, 0
         obs = self.tuned.drain_observations()

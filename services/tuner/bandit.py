@@ -728,10 +728,19 @@ class BucketedBandit:
         committed_tokens: float,
         seconds: float,
         explored: bool | None = None,
+        steps: int = 1,
     ) -> None:
         """Record one decode step: ``committed_tokens`` (accepted + bonus, whole batch) in ``seconds``
         (draft + verify wall time). ``explored`` is given only for steps chosen elsewhere (a ``TablePolicy``):
-        then the step also counts as a choice here."""
+        then the step also counts as a choice here. ``steps`` > 1: the measured step stands for ``steps`` steps
+        of ``arm`` in this bucket, the others not measured (a ``TunedStrategyPolicy``'s quiet steps): one
+        window sample, every counter (observations, off observations for guard holds, choices) moves by
+        ``steps``.
+
+        Raises:
+            KeyError: unknown arm.
+            ValueError: ``seconds`` not finite and > 0, ``committed_tokens`` not finite and >= 0, ``steps`` < 1.
+        """
         name = _arm_name(arm)
         if name not in self._by_name:
             raise KeyError(f"unknown arm {name!r}; arms are {list(self._by_name)}")
@@ -741,16 +750,19 @@ class BucketedBandit:
             raise ValueError(f"committed_tokens must be a finite number >= 0, got {committed_tokens!r}")
         if committed_tokens < 0:
             raise ValueError(f"committed_tokens must be >= 0, got {committed_tokens!r}")
+        if not (isinstance(steps, int) and steps >= 1):
+            raise ValueError(f"steps must be an int >= 1, got {steps!r}")
         bucket = self._buckets[self.bucket_of(batch_size)]
         st = bucket.arms[name]
         if explored is not None:
-            st.chosen += 1
+            st.chosen += steps
             st.explored += int(bool(explored))
         st.add(float(committed_tokens), float(seconds), bucket.obs)
-        bucket.obs += 1
+        st.n += steps - 1
+        bucket.obs += steps
         off = bucket.arms[OFF.name]
         if name == OFF.name:
-            bucket.off_obs += 1
+            bucket.off_obs += steps
             for other, ost in bucket.arms.items():
                 if other != OFF.name and not ost.guarded and ost.probation == 0:
                     self._check_guard(bucket, ost, off)
@@ -772,6 +784,7 @@ class BucketedBandit:
                     float(ob["committed_tokens"]),
                     float(ob["seconds"]),
                     explored=bool(ob.get("explored", False)),
+                    steps=int(ob.get("steps") or 1),
                 )
                 used += 1
             except (KeyError, ValueError, TypeError):
@@ -1106,7 +1119,7 @@ def gate_table(table: Mapping[str, Any], drafters: Iterable[str]) -> dict[str, A
 _DEMOTE_KEYS = ("samples", "z", "margin", "cv_floor", "stall_cap")
 _LEDGER_ALPHA = 0.05  # weight of one off step in the ledger's off seconds per token (~20-step memory)
 # the keys of one observation dict (``TablePolicy.drain_observations``, ``BucketedBandit.merge``)
-_OBSERVATION_KEYS = ("batch_size", "arm", "committed_tokens", "seconds", "explored", "table_version")
+_OBSERVATION_KEYS = ("batch_size", "arm", "committed_tokens", "seconds", "explored", "table_version", "steps")
 
 
 class TablePolicy:
@@ -1163,8 +1176,8 @@ class TablePolicy:
             raise TunerConfigError(f"TablePolicy: max_pending must be >= 1, got {max_pending}")
         self._epsilon_override = epsilon
         self._rng = random.Random(seed)
-        # one tuple per decode step (batch_size, arm, committed_tokens, seconds, explored, table_version),
-        # made into dicts by ``drain_observations``: the per-step path runs every decode step
+        # one tuple per measured decode step (batch_size, arm, committed_tokens, seconds, explored,
+        # table_version, steps), made into dicts by ``drain_observations``: the per-step path runs every step
         self._pending: deque[tuple] = deque(maxlen=max_pending)
         self.dropped = 0
         # the last ``choose``: (batch size, bucket, arm, explored), or the batch size alone when it took the
@@ -1242,6 +1255,12 @@ class TablePolicy:
     def bucket_of(self, batch_size: int) -> int:
         return _bucket_index(self.edges, batch_size)
 
+    def settled_off(self, batch_size: int) -> bool:
+        """Whether the last ``choose(batch_size)`` took the fast path: the bucket is settled on off for this
+        table version (nothing to probe or explore; its best, or its demoted best, is off), so every step at
+        this batch size plays off until ``update``."""
+        return batch_size in self._fast
+
     def choose(self, batch_size: int) -> Arm:
         arm = self._fast.get(batch_size)
         if arm is not None:  # the common case, every decode step: as little work as possible
@@ -1274,8 +1293,12 @@ class TablePolicy:
         self._last = (batch_size, i, name, explored)
         return self.arms[name]
 
-    def observe(self, batch_size: int, arm: Arm | str, committed_tokens: float, seconds: float) -> None:
-        """Record one step of ``arm`` (explored when it is what the last ``choose`` drew for this bucket)."""
+    def observe(
+        self, batch_size: int, arm: Arm | str, committed_tokens: float, seconds: float, steps: int = 1
+    ) -> None:
+        """Record one step of ``arm`` (explored when it is what the last ``choose`` drew for this bucket).
+        ``steps`` > 1: it also stands for ``steps - 1`` earlier steps of the arm at this batch size that were
+        not measured (``BucketedBandit.observe``)."""
         last, self._last = self._last, None
         if last == batch_size and arm is self._off_arm:
             # fast path: a greedy off step of a settled bucket (nothing to demote, no ledger entry: a settled
@@ -1283,7 +1306,7 @@ class TablePolicy:
             if len(self._pending) == self._pending.maxlen:
                 self.dropped += 1
             self._pending.append(
-                (batch_size, OFF.name, float(committed_tokens), float(seconds), False, self.version)
+                (batch_size, OFF.name, float(committed_tokens), float(seconds), False, self.version, steps)
             )
             return
         if isinstance(last, int):
@@ -1295,7 +1318,7 @@ class TablePolicy:
         if len(self._pending) == self._pending.maxlen:
             self.dropped += 1
         self._pending.append(
-            (int(batch_size), name, float(committed_tokens), float(seconds), explored, self.version)
+            (int(batch_size), name, float(committed_tokens), float(seconds), explored, self.version, steps)
         )
         if self.ledger is not None and not self._settled[i]:
             self._account(i, batch_size, name, float(committed_tokens), float(seconds), explored)

@@ -124,6 +124,7 @@ def observation_to_pb(ob: Mapping[str, Any]) -> tuner_pb2.Observation:
         committed_tokens=int(round(float(ob["committed_tokens"]))),
         seconds=float(ob["seconds"]),
         explored=bool(ob.get("explored", False)),
+        steps=int(ob.get("steps") or 1),
     )
 
 
@@ -134,6 +135,7 @@ def observation_from_pb(pb: tuner_pb2.Observation) -> dict[str, Any]:
         "committed_tokens": float(pb.committed_tokens),
         "seconds": float(pb.seconds),
         "explored": bool(pb.explored),
+        "steps": max(1, int(pb.steps)),
     }
 
 

@@ -308,7 +308,15 @@ def test_table_policy_observations_round_trip_to_the_bandit():
         policy.observe(1, arm, 10.0, 0.05)
     obs = policy.drain_observations()
     assert len(obs) == 200 and policy.drain_observations() == []
-    assert set(obs[0]) == {"batch_size", "arm", "committed_tokens", "seconds", "explored", "table_version"}
+    assert set(obs[0]) == {
+        "batch_size",
+        "arm",
+        "committed_tokens",
+        "seconds",
+        "explored",
+        "table_version",
+        "steps",
+    }
     n_explored = sum(o["explored"] for o in obs)
     assert 5 <= n_explored <= 40  # epsilon 0.1 from the table
     before = bandit.stats()

@@ -1,0 +1,180 @@
+"""Quiet steps (``TunedStrategyPolicy(sample_every=...)``): where the table has settled a bucket on off, only one
+step in ``sample_every`` is measured and recorded, carrying the count of the quiet ones before it; counts stay
+exact (choices at every drain, observations once carried), every other step is measured as before."""
+
+import pytest
+
+import services.tuner.policy as policy_mod
+from services.rollout_actor.speculative.base import DraftRequest
+from services.rollout_actor.speculative.strategy import StepObservation
+from services.tuner.arms import OFF, Arm, TunerConfigError
+from services.tuner.bandit import BanditConfig, BucketedBandit
+from services.tuner.grpc_service import observation_from_pb, observation_to_pb
+from services.tuner.policy import TunedStrategyPolicy
+
+SUFFIX = Arm.from_name("suffix-k8-w1")
+
+
+def table(explore=(), edges=(1, 4)) -> dict:
+    """A table whose buckets' best is off; ``explore`` (with p = 1) in the first bucket only."""
+    buckets = []
+    for i, lo in enumerate(edges):
+        buckets.append(
+            {
+                "bucket": i,
+                "lo": lo,
+                "hi": None,
+                "best": OFF.name,
+                "explore": list(explore) if i == 0 else [],
+                "explore_p": [1.0 / len(explore)] * len(explore) if explore and i == 0 else [],
+                "probe": [],
+                "guarded": [],
+                "off_estimate": None,
+            }
+        )
+    return {
+        "version": 1,
+        "epsilon": 0.1,
+        "bucket_edges": list(edges),
+        "arms": {a.name: a.to_dict() for a in (OFF, SUFFIX)},
+        "buckets": buckets,
+        "ledger": None,
+    }
+
+
+def step(policy: TunedStrategyPolicy, b: int) -> str:
+    """One decode step at batch size ``b`` (the engine's calls); returns the strategy played."""
+    reqs = [DraftRequest(f"r{i}", "p0", [1, 2, 3], 2, None) for i in range(b)]
+    strategies = policy.choose(reqs)
+    policy.observe(StepObservation(b, strategies[0].name, b, 0, 0, 0.002))
+    return strategies[0].name
+
+
+@pytest.fixture
+def clock_reads(monkeypatch):
+    """Counts the policy's reads of the thread clock."""
+    calls = [0]
+    real = policy_mod.time.thread_time
+
+    def counted():
+        calls[0] += 1
+        return real()
+
+    monkeypatch.setattr(policy_mod.time, "thread_time", counted)
+    return calls
+
+
+def test_settled_off_buckets_measure_one_step_in_k_and_count_every_step(clock_reads):
+    policy = TunedStrategyPolicy(table(), clock="thread", sample_every=8)
+    for _ in range(100):
+        assert step(policy, 1) == OFF.name
+    for _ in range(37):
+        step(policy, 5)
+    # measured: steps 1, 9, ..., 97 at batch 1 (13) and 1, 9, ..., 33 at batch 5 (5); two clock reads each
+    assert clock_reads[0] == 2 * (13 + 5)
+    assert policy.drain_choices() == {OFF.name: 137}  # quiet steps counted exactly
+    obs = policy.drain_observations()
+    assert len(obs) == 18
+    assert all(o["arm"] == OFF.name and o["seconds"] > 0 for o in obs)
+    by_b = {b: [o["steps"] for o in obs if o["batch_size"] == b] for b in (1, 5)}
+    # the first measured step stands for itself; each later one for itself and the 7 quiet steps before it;
+    # the quiet steps after the last measured one (98-100 at batch 1, 34-37 at batch 5) ride on the next
+    assert by_b[1] == [1] + [8] * 12 and by_b[5] == [1] + [8] * 4
+    step(policy, 1)  # measured (the drain ended the countdowns), carrying batch 1's 3 quiet steps
+    step(policy, 5)
+    assert [(o["batch_size"], o["steps"]) for o in policy.drain_observations()] == [(1, 4), (5, 5)]
+    assert policy.drain_choices() == {OFF.name: 2}
+    # the tuner counts every step it was told of: 97 + 1 at batch 1 (bucket 0), 33 at batch 5 (bucket 1)
+    bandit = BucketedBandit([OFF, SUFFIX], BanditConfig(bucket_edges=[1, 4]))
+    bandit.merge(
+        obs + [{"batch_size": 1, "arm": "off", "committed_tokens": 1.0, "seconds": 0.002, "steps": 1}]
+    )
+    stats = bandit.stats()["buckets"]
+    assert stats[0]["observations"] == 97 + 1 and stats[1]["observations"] == 33
+    assert stats[0]["arms"]["off"]["n"] == 14 and stats[0]["arms"]["off"]["chosen"] == 98
+
+
+def test_sample_every_one_measures_every_step(clock_reads):
+    policy = TunedStrategyPolicy(table(), clock="thread", sample_every=1)
+    for _ in range(20):
+        step(policy, 1)
+    assert clock_reads[0] == 40
+    obs = policy.drain_observations()
+    assert len(obs) == 20 and {o["steps"] for o in obs} == {1}
+
+
+def test_exploring_buckets_measure_every_step_and_quiet_steps_ride_on_off_only(clock_reads):
+    policy = TunedStrategyPolicy(table(), clock="thread", sample_every=8)
+    for _ in range(12):  # measured: 1 and 9; steps 10-12 quiet
+        step(policy, 1)
+    # a table that explores the suffix arm at batch 1 with p = 1: every step there is measured
+    policy.update_table(table(explore=[SUFFIX.name]))
+    reads = clock_reads[0]
+    for _ in range(6):
+        assert step(policy, 1) != OFF.name
+    assert clock_reads[0] - reads == 12
+    assert policy.drain_choices() == {OFF.name: 12, SUFFIX.name: 6}
+    obs = policy.drain_observations()
+    assert [(o["arm"], o["steps"]) for o in obs] == [(OFF.name, 1), (OFF.name, 8)] + [(SUFFIX.name, 1)] * 6
+    assert all(o["explored"] for o in obs[2:])
+    # back to an all-off table: the 3 quiet steps of the first countdown ride on the next off step
+    policy.update_table(table())
+    step(policy, 1)
+    ((ob),) = policy.drain_observations()
+    assert ob["arm"] == OFF.name and ob["steps"] == 4
+
+
+def test_a_table_update_mid_countdown_keeps_counts_exact():
+    policy = TunedStrategyPolicy(table(), clock="engine", sample_every=8)
+    for _ in range(4):  # 1 measured, 3 quiet of a countdown of 7
+        step(policy, 1)
+    policy.update_table(table())
+    assert policy.drain_choices() == {OFF.name: 4}
+    for _ in range(9):  # measured (carrying 3), 7 quiet, measured
+        step(policy, 1)
+    assert policy.drain_choices() == {OFF.name: 9}
+    steps = [o["steps"] for o in policy.drain_observations()]
+    assert steps == [1, 4, 8]  # the countdown the last measured step started has played nothing yet
+    assert sum(steps) == 13
+
+
+def test_steps_survive_the_grpc_round_trip_and_are_validated():
+    ob = {
+        "batch_size": 3,
+        "arm": "off",
+        "committed_tokens": 3.0,
+        "seconds": 0.01,
+        "explored": False,
+        "steps": 8,
+    }
+    assert observation_from_pb(observation_to_pb(ob))["steps"] == 8
+    no_steps = {k: v for k, v in ob.items() if k != "steps"}
+    assert observation_from_pb(observation_to_pb(no_steps))["steps"] == 1
+    bandit = BucketedBandit([OFF, SUFFIX])
+    with pytest.raises(ValueError, match="steps"):
+        bandit.observe(1, OFF, 1.0, 0.01, steps=0)
+    with pytest.raises(TunerConfigError, match="sample_every"):
+        TunedStrategyPolicy(table(), sample_every=0)
+
+
+def test_guard_holds_count_off_steps_whether_reported_one_by_one_or_carried():
+    """A guarded arm's hold is counted in off steps: quiet steps carried by a record count as much as steps
+    reported one by one, so the hold lifts after the same number of off steps either way."""
+
+    def lifted_after(steps_per_record: int) -> int:
+        bandit = BucketedBandit(
+            [OFF, SUFFIX], BanditConfig(epsilon=0.0, guard_hold=40, guard_max_hold=10_000)
+        )
+        for _ in range(10):
+            bandit.observe(1, OFF, 1.0, 0.01)
+        while not bandit.is_guarded(1, SUFFIX):
+            bandit.observe(1, SUFFIX, 0.2, 0.01, explored=True)
+        played = 0
+        while bandit.is_guarded(1, SUFFIX):
+            bandit.observe(1, OFF, 1.0, 0.01, explored=False, steps=steps_per_record)
+            played += steps_per_record
+        return played
+
+    one = lifted_after(1)
+    assert one >= 40
+    assert abs(lifted_after(8) - one) < 8
