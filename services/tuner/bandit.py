@@ -1243,6 +1243,8 @@ class TablePolicy:
         # the per-step fast path: batch size -> the off arm, for batch sizes whose bucket is settled on off
         # (filled by ``choose``); ``_last`` is then that batch size alone, and ``observe`` only records
         self._fast: dict[int, Arm] = {}
+        # batch sizes whose next ``choose`` explores: drawn ahead by ``quiet_run``
+        self._forced: set[int] = set()
         self._off_arm = arms.get(OFF.name)
         self.ledger = ledger
         if len(self._balance) != len(buckets):  # the first table, or other buckets: start afresh
@@ -1255,11 +1257,39 @@ class TablePolicy:
     def bucket_of(self, batch_size: int) -> int:
         return _bucket_index(self.edges, batch_size)
 
-    def settled_off(self, batch_size: int) -> bool:
-        """Whether the last ``choose(batch_size)`` took the fast path: the bucket is settled on off for this
-        table version (nothing to probe or explore; its best, or its demoted best, is off), so every step at
-        this batch size plays off until ``update``."""
-        return batch_size in self._fast
+    def quiet_run(self, batch_size: int, k: int) -> int:
+        """After a ``choose(batch_size)`` that played off greedily: how many of the next steps at this batch
+        size (at most ``k``) are certain to be greedy off steps too, so the caller may play them without asking
+        (a ``TunedStrategyPolicy``'s quiet steps). A bucket settled on off (nothing to probe or explore; its
+        best, or its demoted best, is off): ``k``. A bucket whose best is off and that explores with total
+        probability ``P`` (no probe left): the steps before its next exploration are drawn at once, geometric
+        with parameter ``P`` (the same law as ``P`` drawn step by step); when that next exploration falls within
+        ``k`` steps, the ``choose`` after the run explores (its arm drawn in proportion to ``explore_p``, still
+        subject to the ledger). Anything else (a drafting best, probes left): 0."""
+        if batch_size in self._fast:
+            return k
+        i = self.bucket_of(batch_size)
+        b = self.buckets[i]
+        if (b["best"] != OFF.name and i not in self._demoted) or any(
+            (i, n) not in self._probed for n in b.get("probe", ())
+        ):
+            return 0
+        explore = b.get("explore")
+        if not explore:
+            return k
+        probs = b.get("explore_p") if self._epsilon_override is None else None
+        total = sum(probs) if probs else self.epsilon
+        if total <= 0.0:
+            return k
+        if total >= 1.0:
+            self._forced.add(batch_size)
+            return 0
+        # failures before the first success of Bernoulli(total) trials: floor(log(u) / log(1 - total))
+        gap = int(math.log(1.0 - self._rng.random()) / math.log1p(-total))
+        if gap >= k:
+            return k
+        self._forced.add(batch_size)
+        return gap
 
     def choose(self, batch_size: int) -> Arm:
         arm = self._fast.get(batch_size)
@@ -1275,6 +1305,9 @@ class TablePolicy:
             return self.arms[name]
         b = self.buckets[i]
         explored = True
+        forced = batch_size in self._forced
+        if forced:
+            self._forced.discard(batch_size)
         name = next((n for n in b.get("probe", []) if (i, n) not in self._probed), None)
         if self.ledger is not None and self._balance[i] < 0.0:
             # in debt: no probe (it waits, class docstring) and no exploration until the balance is >= 0
@@ -1287,7 +1320,12 @@ class TablePolicy:
             probs = b.get("explore_p") if self._epsilon_override is None else None
             if not probs:
                 probs = [self.epsilon / len(explore)] * len(explore)
-            name = _draw(explore, probs, self._rng.random())
+            u = self._rng.random()
+            if (
+                forced
+            ):  # ``quiet_run`` drew this step's exploration: the arm in proportion to the probabilities
+                u *= min(1.0, sum(probs))
+            name = _draw(explore, probs, u)
         if name is None:
             name, explored = (OFF.name if i in self._demoted else b["best"]), False
         self._last = (batch_size, i, name, explored)
@@ -1321,14 +1359,22 @@ class TablePolicy:
             (int(batch_size), name, float(committed_tokens), float(seconds), explored, self.version, steps)
         )
         if self.ledger is not None and not self._settled[i]:
-            self._account(i, batch_size, name, float(committed_tokens), float(seconds), explored)
+            self._account(i, batch_size, name, float(committed_tokens), float(seconds), explored, steps)
         if not explored and name != OFF.name and self.demote is not None and i not in self._demoted:
             self._observe_best(i, float(committed_tokens), float(seconds))
 
     def _account(
-        self, i: int, batch_size: int, name: str, tokens: float, seconds: float, explored: bool
+        self,
+        i: int,
+        batch_size: int,
+        name: str,
+        tokens: float,
+        seconds: float,
+        explored: bool,
+        steps: int = 1,
     ) -> None:
-        """The regret ledger's entry for one step of bucket ``i`` (class docstring)."""
+        """The regret ledger's entry for one step of bucket ``i`` (class docstring); a greedy record standing
+        for ``steps`` steps credits them all at its own seconds."""
         spt = self._off_spt[i]
         if name == OFF.name and tokens > 0:  # probed or greedy, off's cost is off's cost
             x = seconds / tokens
@@ -1343,7 +1389,7 @@ class TablePolicy:
             self._balance[i] -= seconds - tokens * spt
         else:
             budget, cap = self.ledger
-            self._balance[i] = min(self._balance[i] + budget * seconds, cap * batch_size * spt)
+            self._balance[i] = min(self._balance[i] + budget * seconds * steps, cap * batch_size * spt)
 
     def _observe_best(self, i: int, tokens: float, seconds: float) -> None:
         """One greedy play of bucket ``i``'s drafting best: demote it to off when reliably below off (see the

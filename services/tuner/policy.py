@@ -18,17 +18,18 @@ Which seconds (``clock``):
   step times (tests).
 - ``"auto"`` (default): ``"thread"`` when torch sees no CUDA device, else ``"engine"``.
 
-Quiet steps (``sample_every``, default ``OFF_SAMPLE_EVERY`` = 8): where the table has settled a batch size's
-bucket on off for this version (nothing to probe or explore, ``TablePolicy.settled_off``), only every
-``sample_every``-th step there is measured and recorded, carrying the count of the quiet steps before it
-(``steps``: the tuner counts them all, the window gets one sample); the others read no clock and record
-nothing. What that buys: with the caches cold, as they are after a forward pass, the measured path costs
-~30-45 us of Python per step, ~1% of a 2.3 ms decode step of the benchmark's small model on this CPU (lock
-step, batch 1: the tuned policy on an all-off table ran at 0.988-0.990x of a fixed off policy, quiet steps
-0.997x). Off's reward needs no sample from every step to be known, and the steps of a settled bucket drive
-no decision in this actor until the table changes. ``update_table``, ``drain_observations`` and
-``drain_choices`` end the countdowns: ``drain_choices`` counts exactly the steps played, and the quiet steps
-not yet carried ride on the next measured off step at their batch size (the next rollout's, at a drain).
+Quiet steps (``sample_every``, default ``OFF_SAMPLE_EVERY`` = 8): after a greedy off step, the table says how
+many of the next steps at that batch size are certain to be greedy off steps too (``TablePolicy.quiet_run``,
+at most ``sample_every - 1``): all of them where the bucket is settled on off, else the steps before its next
+exploration, drawn at once (geometric, the same law as drawing each step). Those steps are quiet: they read no
+clock, ask nothing and record nothing; the next measured off step at that batch size carries their count
+(``steps``: the tuner counts them all, the window gets one sample, the ledger credits them at its seconds).
+What that buys: with the caches cold, as they are after a forward pass, the measured path costs ~30-45 us of
+Python per step, ~1% of a 2.3 ms decode step of the benchmark's small model on this CPU (lock step, batch 1:
+the tuned policy on an all-off table ran at 0.988-0.990x of a fixed off policy, with quiet steps 0.997x).
+Off's reward needs no sample from every step to be known. ``update_table``, ``drain_observations`` and
+``drain_choices`` end the runs: ``drain_choices`` counts exactly the steps played, and the quiet steps not yet
+carried ride on the next measured off step at their batch size (the next rollout's, at a drain).
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ class TunedStrategyPolicy:
         budgets: per-class draft budgets and per-step quota (``BudgetConfig``).
         seed: exploration RNG seed (one per actor so actors explore differently).
         clock: how a step's seconds are measured: ``"auto"``, ``"thread"`` or ``"engine"`` (module docstring).
-        sample_every: measure one step in this many at batch sizes settled on off (quiet steps, module
-            docstring); 1 measures every step.
+        sample_every: at most ``sample_every - 1`` quiet steps between two measured off steps at a batch size
+            (module docstring); 1 measures every step.
 
     Raises:
         TunerConfigError: unknown ``clock``, ``sample_every`` < 1, or a malformed table.
@@ -131,9 +132,8 @@ class TunedStrategyPolicy:
         self._arm = arm
         self.choices[arm.name] = self.choices.get(arm.name, 0) + 1
         if arm.is_off:
-            if self.sample_every > 1 and self.table.settled_off(n):
-                # the next sample_every - 1 steps at n are quiet: counted now, carried by the next measured one
-                q = self.sample_every - 1
+            q = self.table.quiet_run(n, self.sample_every - 1) if self.sample_every > 1 else 0
+            if q:  # the next q steps at n are quiet: counted now, carried by the next measured off step
                 self._quiet[n] = q
                 self._owed[n] = self._owed.get(n, 0) + q
                 self.choices[OFF.name] += q

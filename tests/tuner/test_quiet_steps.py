@@ -1,6 +1,8 @@
-"""Quiet steps (``TunedStrategyPolicy(sample_every=...)``): where the table has settled a bucket on off, only one
-step in ``sample_every`` is measured and recorded, carrying the count of the quiet ones before it; counts stay
-exact (choices at every drain, observations once carried), every other step is measured as before."""
+"""Quiet steps (``TunedStrategyPolicy(sample_every=...)``, ``TablePolicy.quiet_run``): greedy off steps that
+are certain ahead of time (a bucket settled on off; the gap before a bucket's next exploration, drawn at once)
+are played without clock, table or record, at most ``sample_every - 1`` between two measured off steps, which
+carry their count. Counts stay exact (choices at every drain, observations once carried), the exploration law
+and the regret ledger's bound are kept."""
 
 import pytest
 
@@ -103,7 +105,7 @@ def test_sample_every_one_measures_every_step(clock_reads):
     assert len(obs) == 20 and {o["steps"] for o in obs} == {1}
 
 
-def test_exploring_buckets_measure_every_step_and_quiet_steps_ride_on_off_only(clock_reads):
+def test_explored_steps_are_measured_and_quiet_steps_ride_on_off_only(clock_reads):
     policy = TunedStrategyPolicy(table(), clock="thread", sample_every=8)
     for _ in range(12):  # measured: 1 and 9; steps 10-12 quiet
         step(policy, 1)
@@ -178,3 +180,73 @@ def test_guard_holds_count_off_steps_whether_reported_one_by_one_or_carried():
     one = lifted_after(1)
     assert one >= 40
     assert abs(lifted_after(8) - one) < 8
+
+
+def explore_table(ps: dict[str, float], ledger=None) -> dict:
+    t = table()
+    t["arms"].update({a: Arm.from_name(a).to_dict() for a in ps})
+    t["buckets"][0]["explore"] = list(ps)
+    t["buckets"][0]["explore_p"] = list(ps.values())
+    t["ledger"] = ledger
+    return t
+
+
+@pytest.mark.parametrize("sample_every", [1, 8])
+def test_quiet_runs_in_an_exploring_bucket_keep_the_exploration_law(sample_every, clock_reads):
+    """Best off, explore ``suffix-k8-w1`` with p = 0.06 and ``ngram-k3-w1`` with p = 0.02: drawn step by step
+    (sample_every = 1) or as geometric gaps (quiet runs), the arms are played at those rates, the gaps between
+    explorations have the geometric mean (1 - P) / P, and with quiet runs most steps read no clock."""
+    n = 30_000
+    policy = TunedStrategyPolicy(
+        explore_table({"suffix-k8-w1": 0.06, "ngram-k3-w1": 0.02}),
+        seed=3,
+        clock="thread",
+        sample_every=sample_every,
+    )
+    played, gaps, gap = [], [], 0
+    for _ in range(n):
+        name = step(policy, 1)
+        played.append(name)
+        if name == OFF.name:
+            gap += 1
+        else:
+            gaps.append(gap)
+            gap = 0
+    choices = policy.drain_choices()
+    assert sum(choices.values()) == n
+    for arm, p in (("suffix-k8-w1", 0.06), ("ngram-k3-w1", 0.02)):
+        rate = choices[arm] / n
+        assert abs(rate - p) < 4 * (p * (1 - p) / n) ** 0.5, (arm, rate)
+    mean_gap = sum(gaps) / len(gaps)
+    assert abs(mean_gap - 0.92 / 0.08) < 0.1 * 0.92 / 0.08
+    obs = policy.drain_observations()
+    assert sum(o["steps"] for o in obs) <= n and n - sum(o["steps"] for o in obs) < sample_every
+    if sample_every == 1:
+        assert clock_reads[0] == 2 * n and len(obs) == n
+    else:  # E[min(G, 7)] quiet steps per measured off step, G geometric(0.08): ~5 of every ~6 off steps
+        assert clock_reads[0] < 2 * 0.35 * n
+        assert all(o["explored"] == (o["arm"] != OFF.name) for o in obs)
+
+
+def test_the_ledger_still_bounds_exploration_with_quiet_runs():
+    """A 3x-slow arm explored at p = 0.2 with the ledger at 1%: its realized extra time stays within the
+    ledger's bound (1% of the greedy time, plus one play and the cap) though most greedy steps are quiet and
+    credited at the seconds of the measured step that carries them."""
+    off_s, budget, cap = 0.01, 0.01, 2.0
+    policy = TunedStrategyPolicy(
+        explore_table({"ngram-k3-w1": 0.2}, ledger={"budget": budget, "cap": cap}), seed=0, clock="engine"
+    )
+    greedy_s = extra = 0.0
+    quiet = 0
+    for _ in range(20_000):
+        reqs = [DraftRequest("r0", "p0", [1, 2, 3], 2, None)]
+        s = policy.choose(reqs)[0]
+        seconds = off_s if s.is_off else 3 * off_s
+        quiet += policy._was_quiet
+        policy.observe(StepObservation(1, s.name, 1, 0, 0, seconds))
+        if s.is_off:
+            greedy_s += seconds
+        else:
+            extra += seconds - off_s
+    assert quiet > 10_000  # most steps were quiet
+    assert 0 < extra <= budget * greedy_s + 3 * off_s + cap * off_s
