@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from enum import StrEnum
 from typing import Any
 
@@ -111,9 +112,10 @@ class Arm:
         if w > 1 and d == 0:
             raise TunerConfigError(f"{where}: a tree (tree_width > 1) needs tree_depth > 0")
 
-    @property
+    @cached_property
     def name(self) -> str:
-        """Stable, unique name: ``off``, ``suffix-k8-w1``, ``learned-k16-w2-d4`` (depth only when set)."""
+        """Stable, unique name: ``off``, ``suffix-k8-w1``, ``learned-k16-w2-d4`` (depth only when set); computed
+        once (read several times per decode step)."""
         if self.drafter is Drafter.OFF:
             return "off"
         base = f"{self.drafter.value}-k{self.max_draft_tokens}-w{self.tree_width}"

@@ -129,3 +129,25 @@ def test_demotion_off_and_bad_settings():
         TablePolicy(bad)
     with pytest.raises(TunerConfigError, match="demote_samples"):
         BanditConfig(demote_samples=1)
+
+
+def test_the_demotion_test_backs_off_but_still_catches_a_best_that_turns_bad_late():
+    """After ``samples`` plays the test runs after each further quarter of the plays so far (at most every half
+    window, 64 plays at the default 16 samples): a best that held for 400 plays and then drops to 0.6x off is
+    demoted within a window and a half of plays, and the tests run far less often than every 4th play."""
+    policy = TablePolicy(central_with_suffix_best().table())
+    rng = random.Random(1)
+    tests = []
+
+    class Spy(dict):  # the test records when it runs next: one entry per test run
+        def __setitem__(self, k, v):
+            tests.append(v)
+            super().__setitem__(k, v)
+
+    policy._best_next = Spy()
+    assert set(play(policy, 400, 1.5, rng)) == {SUFFIX.name}
+    assert 6 <= len(tests) <= 20  # every 4th play would be 97 tests
+    chosen = play(policy, 400, 0.6, rng)
+    first_off = chosen.index(OFF.name)
+    assert first_off <= 192 and set(chosen[first_off:]) == {OFF.name}
+    assert policy.demotions == {0: 1}
