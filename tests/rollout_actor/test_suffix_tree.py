@@ -493,3 +493,22 @@ def test_finished_responses_are_queued_siblings_indexed_at_propose_global_at_flu
     assert (
         d.propose([req("s", "q", [7, 8] + resp[:10])], [4])[0].tokens == resp[10:14]
     )  # flushed by state_dict
+
+
+def test_request_trie_is_built_at_first_propose_not_at_start():
+    """``start_request`` keeps the prompt only (indexing it is ~1-2 ms of Python per request, wasted on requests
+    never drafted); the first ``propose`` builds the trie, and a request finished without drafting still stores
+    its prompt tail with the response."""
+    d = SuffixTreeDrafter(max_depth=8)
+    prompt = unique(100, 50)
+    for i in range(4):
+        d.start_request(f"r{i}", "p", prompt)
+    assert all(r.trie.num_nodes() <= 1 and not r.trie.seq for r in d._requests.values())
+    d.observe("r0", [7, 8])  # nothing to extend yet: propose catches up from token_ids
+    (tree,) = d.propose([req("r0", "p", prompt + [7, 8], len(prompt))], [4])
+    assert d._requests["r0"].trie.seq == prompt + [7, 8] and d._requests["r0"].trie.num_nodes() > 50
+    assert not d._requests["r1"].trie.seq
+    resp = unique(1000, 12)
+    d.finish_request("r1", "p", resp)  # never drafted
+    (tree,) = d.propose([req("r2", "p", prompt, len(prompt))], [5])
+    assert tree.tokens == resp[:4]  # match 4 + draft 4 = D: the stored response began with the prompt tail

@@ -7,9 +7,11 @@ Sources
 -------
 Three counted suffix tries (every suffix of every indexed sequence, truncated to ``max_depth`` = D tokens):
 
-* **request**: per running request, over its own prompt + output so far; ``start_request`` indexes the
-  prompt, ``observe`` appends committed tokens, and ``propose`` catches up from ``DraftRequest.token_ids``
-  when some tokens were never observed (the engine only calls ``observe`` on the step's drafter).
+* **request**: per running request, over its own prompt + output so far, built at the request's first
+  ``propose`` (``start_request`` only keeps the prompt: indexing it costs ~1-2 ms of Python per request, all
+  of it wasted on requests that are never drafted, e.g. every request of a rollout the tuner keeps off);
+  ``observe`` appends committed tokens, and ``propose`` catches up from ``DraftRequest.token_ids`` when
+  some tokens were never observed (the engine only calls ``observe`` on the step's drafter).
 * **problem**: per ``problem_id``, the finished responses to that prompt (GRPO siblings as they finish,
   plus earlier RL steps). ``finish_request`` only queues a response (it runs on the engine's decode
   thread, also in steps where speculation is off); a problem's queue is indexed when one of its requests
@@ -526,12 +528,15 @@ class _OnlineTrie(SuffixTrie):
 
 
 class _Request:
-    __slots__ = ("problem_id", "num_prompt", "trie", "hints")
+    __slots__ = ("problem_id", "num_prompt", "trie", "context", "hints")
 
-    def __init__(self, problem_id: str, num_prompt: int, depth: int):
+    def __init__(self, problem_id: str, num_prompt: int, depth: int, context: list[int] | None = None):
         self.problem_id = problem_id
         self.num_prompt = num_prompt
-        self.trie = _OnlineTrie(depth)
+        self.trie = _OnlineTrie(depth)  # empty until the first ``propose`` builds it (``_sync``)
+        # the tokens known before the trie is built (the prompt): what ``finish_request`` and ``state_dict``
+        # read while ``trie.seq`` is empty
+        self.context: list[int] = context if context is not None else []
         # per history source (problem, -, global): [trie version, match upper bound, context length]
         self.hints: list[list] = [[0, _UNKNOWN, 0], None, [0, _UNKNOWN, 0]]
 
@@ -625,12 +630,8 @@ class SuffixTreeDrafter(Drafter):
 
     # ------------------------------------------------------------------ lifecycle hooks
     def start_request(self, request_id: str, problem_id: str, prompt_ids: list[int]) -> None:
-        r = _Request(problem_id, len(prompt_ids), self.max_depth)
-        if self.use_request:
-            r.trie.extend(list(prompt_ids))
-        else:
-            r.trie.seq.extend(prompt_ids)
-        self._put_request(request_id, r)
+        """Keeps the prompt; the request's trie is built at its first ``propose`` (module docstring)."""
+        self._put_request(request_id, _Request(problem_id, len(prompt_ids), self.max_depth, list(prompt_ids)))
 
     def _put_request(self, request_id: str, r: _Request) -> None:
         self._requests.pop(request_id, None)
@@ -640,7 +641,7 @@ class SuffixTreeDrafter(Drafter):
 
     def observe(self, request_id: str, accepted_ids: list[int]) -> None:
         r = self._requests.get(request_id)
-        if r is None or not accepted_ids:
+        if r is None or not accepted_ids or not r.trie.seq:  # not built yet: ``propose`` builds it from scratch
             return
         if self.use_request:
             r.trie.extend(list(accepted_ids))
@@ -652,7 +653,7 @@ class SuffixTreeDrafter(Drafter):
         tail: list[int] = []
         if r is not None:
             p = r.num_prompt
-            tail = r.trie.seq[max(0, p - (self.max_depth - 1)) : p]
+            tail = (r.trie.seq or r.context)[max(0, p - (self.max_depth - 1)) : p]
         seq = tail + [int(t) for t in output_ids]
         if output_ids:
             rid = self._next_id
@@ -728,6 +729,7 @@ class SuffixTreeDrafter(Drafter):
                 r.trie.extend(list(ids[have:]))
             else:
                 r.trie.seq.extend(ids[have:])
+            r.context = []  # the trie holds it now
         return r
 
     def propose(
@@ -879,7 +881,8 @@ class SuffixTreeDrafter(Drafter):
             "next_id": self._next_id,
             "responses": [tuple(records[k]) for k in sorted(records)],
             "requests": {
-                rid: (r.problem_id, r.num_prompt, list(r.trie.seq)) for rid, r in self._requests.items()
+                rid: (r.problem_id, r.num_prompt, list(r.trie.seq or r.context))
+                for rid, r in self._requests.items()
             },
         }
 
@@ -901,12 +904,8 @@ class SuffixTreeDrafter(Drafter):
         self._next_id = max(self._next_id, int(state.get("next_id", 0)))
         self.new_step(self._step)
         for rid, (pid, num_prompt, seq) in state["requests"].items():
-            r = _Request(pid, int(num_prompt), self.max_depth)
-            if self.use_request:
-                r.trie.extend([int(t) for t in seq])
-            else:
-                r.trie.seq.extend(int(t) for t in seq)
-            self._requests[rid] = r
+            # built at its next ``propose``, like a started request
+            self._requests[rid] = _Request(pid, int(num_prompt), self.max_depth, [int(t) for t in seq])
 
     # ------------------------------------------------------------------ introspection
     def stats(self) -> dict:
