@@ -1273,14 +1273,19 @@ class TablePolicy:
         probability ``P`` (no probe left): the steps before its next exploration are drawn at once, geometric
         with parameter ``P`` (the same law as ``P`` drawn step by step); when that next exploration falls within
         ``k`` steps, the ``choose`` after the run explores (its arm drawn in proportion to ``explore_p``, still
-        subject to the ledger). Anything else (a drafting best, probes left): 0."""
+        subject to the ledger). A bucket in debt with the ledger: ``k`` (no probe or exploration until a
+        measured step has credited the run). Anything else (a drafting best, probes left): 0."""
         if batch_size in self._fast:
             return k
         i = self.bucket_of(batch_size)
         b = self.buckets[i]
-        if (b["best"] != OFF.name and i not in self._demoted) or any(
-            (i, n) not in self._probed for n in b.get("probe", ())
-        ):
+        if b["best"] != OFF.name and i not in self._demoted:
+            return 0
+        if self.ledger is not None and self._balance[i] < 0.0:
+            return (
+                k  # in debt: greedy until a measured step credits the run (a waiting probe: <= 2 runs later)
+            )
+        if any((i, n) not in self._probed for n in b.get("probe", ())):
             return 0
         explore = b.get("explore")
         if not explore:

@@ -250,3 +250,27 @@ def test_the_ledger_still_bounds_exploration_with_quiet_runs():
             extra += seconds - off_s
     assert quiet > 10_000  # most steps were quiet
     assert 0 < extra <= budget * greedy_s + 3 * off_s + cap * off_s
+
+
+def test_a_bucket_in_debt_is_quiet_and_its_waiting_probe_plays_once_repaid(clock_reads):
+    """A probe waits while its bucket owes the ledger; meanwhile every step is greedy off, so the steps run
+    quiet (one measured in 8, crediting the 7 quiet ones before it). The probe plays once the debt is repaid:
+    5 off steps of debt at a 1% budget take 500 off steps; quiet runs delay it by at most two runs (the run
+    decided at the measured step that repays the debt is credited only at its end)."""
+    t = explore_table({}, ledger={"budget": 0.01, "cap": 2.0})
+    t["buckets"][0]["probe"] = ["ngram-k3-w1"]
+    t["arms"]["ngram-k3-w1"] = Arm.from_name("ngram-k3-w1").to_dict()
+    t["buckets"][0]["off_estimate"] = 1 / 0.01
+    policy = TunedStrategyPolicy(t, clock="engine", sample_every=8)
+    policy.table._balance[0] = -5 * 0.01
+    played = []
+    for _ in range(600):
+        reqs = [DraftRequest("r0", "p0", [1, 2, 3], 2, None)]
+        s = policy.choose(reqs)[0]
+        played.append(s.name)
+        policy.observe(StepObservation(1, s.name, 1, 0, 0, 0.01))
+    first = next(i for i, n in enumerate(played) if n != OFF.name)
+    assert 500 <= first <= 500 + 2 * 8 and played.count(OFF.name) == 599
+    obs = policy.drain_observations()
+    assert len(obs) < 600 / 6  # mostly quiet
+    assert policy.drain_choices() == {OFF.name: 599, "ngram-k3-w1": 1}
