@@ -1282,9 +1282,8 @@ class TablePolicy:
         if b["best"] != OFF.name and i not in self._demoted:
             return 0
         if self.ledger is not None and self._balance[i] < 0.0:
-            return (
-                k  # in debt: greedy until a measured step credits the run (a waiting probe: <= 2 runs later)
-            )
+            # in debt: greedy until a measured step credits the run (a waiting probe: <= 2 runs later)
+            return k
         if any((i, n) not in self._probed for n in b.get("probe", ())):
             return 0
         explore = b.get("explore")
@@ -1334,9 +1333,8 @@ class TablePolicy:
             if not probs:
                 probs = [self.epsilon / len(explore)] * len(explore)
             u = self._rng.random()
-            if (
-                forced
-            ):  # ``quiet_run`` drew this step's exploration: the arm in proportion to the probabilities
+            if forced:
+                # ``quiet_run`` drew this step's exploration: the arm in proportion to the probabilities
                 u *= min(1.0, sum(probs))
             name = _draw(explore, probs, u)
         if name is None:

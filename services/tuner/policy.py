@@ -20,8 +20,9 @@ Which seconds (``clock``):
 
 Quiet steps (``sample_every``, default ``OFF_SAMPLE_EVERY`` = 8): after a greedy off step, the table says how
 many of the next steps at that batch size are certain to be greedy off steps too (``TablePolicy.quiet_run``,
-at most ``sample_every - 1``): all of them where the bucket is settled on off, else the steps before its next
-exploration, drawn at once (geometric, the same law as drawing each step). Those steps are quiet: they read no
+at most ``sample_every - 1``): all of them where the bucket is settled on off or owes the regret ledger, else
+the steps before its next exploration, drawn at once (geometric, the same law as drawing each step); none
+while its best is a drafting arm or a probe is due. Those steps are quiet: they read no
 clock, ask nothing and record nothing; the next measured off step at that batch size carries their count
 (``steps``: the tuner counts them all, the window gets one sample, the ledger credits them at its seconds).
 What that buys: with the caches cold, as they are after a forward pass, the measured path costs ~30-45 us of
@@ -45,7 +46,9 @@ from services.tuner.bandit import TablePolicy
 from services.tuner.budgets import BudgetConfig, LengthBudgets
 
 CLOCKS = ("auto", "thread", "engine")
-OFF_SAMPLE_EVERY = 8  # measure one step in this many where the bucket is settled on off (module docstring)
+OFF_SAMPLE_EVERY = (
+    8  # at most 7 quiet steps between two measured off steps at a batch size (module docstring)
+)
 
 
 def resolve_clock(clock: str) -> str:
