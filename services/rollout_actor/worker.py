@@ -108,7 +108,7 @@ class ShardResult:
     outputs: list[RequestOutput]
     steps: list[StepRecord]
     choices: dict | None = None  # tuner arm -> decode steps it was chosen for (None without a tuner)
-    observations_reported: int = 0  # observations sent to the tuner at the end of this shard
+    observations_reported: int = 0  # records sent to the tuner after this shard (quiet steps ride on them)
     demotions: int = 0  # buckets whose drafting best this actor demoted to off (TablePolicy), this shard
 
     def to_dict(self) -> dict:
