@@ -641,9 +641,8 @@ class SuffixTreeDrafter(Drafter):
 
     def observe(self, request_id: str, accepted_ids: list[int]) -> None:
         r = self._requests.get(request_id)
-        if (
-            r is None or not accepted_ids or not r.trie.seq
-        ):  # not built yet: ``propose`` builds it from scratch
+        # an empty ``trie.seq``: not built yet, ``propose`` builds it from scratch
+        if r is None or not accepted_ids or not r.trie.seq:
             return
         if self.use_request:
             r.trie.extend(list(accepted_ids))
