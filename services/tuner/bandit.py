@@ -1265,6 +1265,13 @@ class TablePolicy:
     def bucket_of(self, batch_size: int) -> int:
         return _bucket_index(self.edges, batch_size)
 
+    def _explore_probs(self, b: Mapping[str, Any]) -> Sequence[float]:
+        """Per-step probability of each of bucket ``b``'s ``explore`` arms: the table's ``explore_p``, or
+        ``epsilon / n`` each (an ``epsilon`` given here, or a table without ``explore_p``)."""
+        explore = b.get("explore") or []
+        probs = b.get("explore_p") if self._epsilon_override is None else None
+        return probs if probs else [self.epsilon / len(explore)] * len(explore)
+
     def quiet_run(self, batch_size: int, k: int) -> int:
         """After a ``choose(batch_size)`` that played off greedily: how many of the next steps at this batch
         size (at most ``k``) are certain to be greedy off steps too, so the caller may play them without asking
@@ -1289,8 +1296,7 @@ class TablePolicy:
         explore = b.get("explore")
         if not explore:
             return k
-        probs = b.get("explore_p") if self._epsilon_override is None else None
-        total = sum(probs) if probs else self.epsilon
+        total = sum(self._explore_probs(b))
         if total <= 0.0:
             return k
         if total >= 1.0:
@@ -1329,9 +1335,7 @@ class TablePolicy:
             self._probed.add((i, name))
         elif b.get("explore"):
             explore = b["explore"]
-            probs = b.get("explore_p") if self._epsilon_override is None else None
-            if not probs:
-                probs = [self.epsilon / len(explore)] * len(explore)
+            probs = self._explore_probs(b)
             u = self._rng.random()
             if forced:
                 # ``quiet_run`` drew this step's exploration: the arm in proportion to the probabilities
