@@ -44,12 +44,13 @@ def test_second_run_starts_from_the_first_runs_tuner_state(tmp_path, tiny_policy
     assert rc == 0
     after = _totals(second / "checkpoints" / "tuner_state.json")
     rows = [json.loads(x)["tuner"] for x in (second / "metrics.jsonl").read_text().splitlines()]
-    assert sum(r["observations"] for r in rows) > 0
+    records = sum(r["observations"] for r in rows)  # the second run's records to the tuner
     own = sum(sum(r["choices"].values()) for r in rows)  # the second run's decode steps
     grown = sum(after.values()) - sum(before.values())
-    # the first run's evidence plus the second's: every step counted but the quiet ones (TunedStrategyPolicy)
-    # after each batch size's last measured step, still to be carried by a record (<= 7 each)
-    assert 0.8 * own <= grown <= own
+    # the first run's evidence plus the second's: each record counts its step and the quiet steps it carries
+    # (TunedStrategyPolicy); the quiet steps after an actor's last measured step at a batch size (<= 7 per actor
+    # and batch size: many, in so short a run) are still to be carried
+    assert 0 < records <= grown <= own
     assert after["off"] > before["off"]
     summary = json.loads((second / "summary.json").read_text())
     assert summary["tuner"]["init_state"] == str(state)
