@@ -73,6 +73,12 @@ shows what is left (+-0.3% at batch 1, up to +-3% at batch 4-16 here). Issue #4'
 the best fixed arm, not worse than plain) is judged on these rounds too (``lockstep.verdicts``). Timelines
 and finish times are not comparable in lock step and are not reported from it.
 
+Never-worse rounds (``--never-worse-reps``, default 8; ``--quick`` 2; 0 = off), after the lock step: plain,
+adaptive and plain-again alone in lock step, more rounds at a third of the engines' cost. "Never worse than
+plain" is a claim about a gap of ~1% or less; three 12-engine rounds resolve ~1%. Here each round's ratio is
+taken against the mean of the two plain makespans, and the mean over rounds comes with its standard error and
+the largest slowdown it is consistent with (``lockstep.never_worse``, ``never_worse_table``).
+
 Metrics per run: makespan (wall time of the whole rollout) and the process CPU time (vLLM: its runner
 process's), tokens/s (generated
 tokens / makespan), tail (finish time of the last response - finish time of the 90th-percentile response),
@@ -150,6 +156,9 @@ MATCHED = "-matched"
 VLLM_MATCHED: dict[str, str] = {f"{c}{MATCHED}": c for c in VLLM_CONFIGS}
 PLAIN, ADAPTIVE, ADAPTIVE_COLD = "plain", "adaptive", "adaptive-cold"
 PLAIN_AGAIN = "plain-again"  # lock-step A/A control: a second plain engine
+NEVER_WORSE_REP0 = (
+    100  # the never-worse rounds' repetition numbers start here (apart from the lock-step rounds')
+)
 HF_PLAIN, HF_PLD = "hf-plain", "hf-pld"
 LENGTH_TOLERANCE = 0.15
 LONGTAIL_GOAL = 3.0  # long-tail tokens/s vs plain
@@ -1159,6 +1168,49 @@ def lockstep_verdicts(table: dict, fixed: list[str]) -> dict:
     return per_b
 
 
+def never_worse_table(runs: list[RunResult], batch_sizes: list[int]) -> dict:
+    """The focused lock-step rounds (``--never-worse-reps``: plain, adaptive and plain-again alone, side by
+    side), per batch size: is the adaptive policy slower than plain decoding by more than these rounds can
+    resolve? Per round k: ``r_k = (plain_k + plain-again_k) / 2 / adaptive_k`` (two plain references halve the
+    reference's own noise) and the A/A ratio ``plain_k / plain-again_k``. Reported: the mean of r over rounds
+    and its standard error (``se = sd / sqrt(n)``), the A/A's likewise; ``slowdown_bound`` = ``1 - (mean -
+    2 se)``, the largest slowdown consistent with the rounds at two standard errors; ``not_worse`` = ``mean(r)
+    >= 1`` (point estimate), ``not_worse_2se`` = ``mean(r) + 2 se >= 1`` (no slowdown the rounds can tell from
+    zero: read it with ``resolution`` = ``2 se``, what the rounds could tell at all). Rounds are matched by
+    repetition; a round missing a configuration is left out. With fewer than two rounds there is no se: the
+    se-based fields are None. Returns ``{str(b): {rounds, ratio_mean, ratio_se, ratio_all, aa_mean, aa_se,
+    aa_all, slowdown_bound, resolution, not_worse, not_worse_2se}}``."""
+    out: dict = {}
+    for b in batch_sizes:
+        by = {(r.config, r.rep): r.makespan_s for r in runs if r.batch_size == b}
+        reps = sorted(
+            k
+            for c, k in by
+            if c == ADAPTIVE and by.get((PLAIN, k)) and by.get((PLAIN_AGAIN, k)) and by[(c, k)]
+        )
+        if not reps:
+            continue
+        r = [(by[(PLAIN, k)] + by[(PLAIN_AGAIN, k)]) / 2 / by[(ADAPTIVE, k)] for k in reps]
+        aa = [by[(PLAIN, k)] / by[(PLAIN_AGAIN, k)] for k in reps]
+        se = statistics.stdev(r) / math.sqrt(len(r)) if len(r) > 1 else None
+        aa_se = statistics.stdev(aa) / math.sqrt(len(aa)) if len(aa) > 1 else None
+        mean = statistics.fmean(r)
+        out[str(b)] = {
+            "rounds": len(reps),
+            "ratio_mean": mean,
+            "ratio_se": se,
+            "ratio_all": [round(x, 4) for x in r],
+            "aa_mean": statistics.fmean(aa),
+            "aa_se": aa_se,
+            "aa_all": [round(x, 4) for x in aa],
+            "slowdown_bound": None if se is None else 1.0 - (mean - 2.0 * se),
+            "resolution": None if se is None else 2.0 * se,
+            "not_worse": mean >= 1.0,
+            "not_worse_2se": None if se is None else mean + 2.0 * se >= 1.0,
+        }
+    return out
+
+
 def _nearest(by_b: dict[int, float], b: int) -> float:
     """``by_b[b]``, else the value at the nearest key (the lower one on a tie)."""
     return by_b[b] if b in by_b else by_b[min(by_b, key=lambda x: (abs(x - b), x))]
@@ -1378,6 +1430,33 @@ def write_markdown(result: dict, path: Path) -> str:
                 + " | ".join(_x((row.get(c) or {}).get("speedup_paired_median")) for c in ls["configs"])
                 + " |"
             )
+    nw = ls.get("never_worse") or {}
+    if nw.get("results"):
+        cost: dict[str, list[float]] = {}
+        for x in nw.get("regret_vs_off") or []:
+            if x["regret_vs_off"] is not None:
+                cost.setdefault(str(x["batch_size"]), []).append(x["regret_vs_off"])
+        lines += [
+            "",
+            f"Never worse than plain ({nw['rounds']} lock-step rounds of plain, adaptive and plain-again alone; "
+            "`never_worse_table`): ratio = mean of the two plain makespans / adaptive's, per round; mean +- "
+            "standard error over rounds; the slowdown bound is the largest slowdown consistent with the rounds "
+            "at two standard errors. Drafting steps' cost: the adaptive rollouts' drafting steps' time beyond "
+            "plain's seconds per token, as a share of their decode time (mean over rounds).",
+            "",
+            "| batch | adaptive vs plain (mean +- se) | A/A (mean +- se) | slowdown bound | not worse (point) "
+            "| not worse (2 se) | drafting steps' cost |",
+            "|---:|---|---|---:|---|---|---:|",
+        ]
+        for b, v in nw["results"].items():
+            se, aa_se = v.get("ratio_se"), v.get("aa_se")
+            c = cost.get(b)
+            lines.append(
+                f"| {b} | {v['ratio_mean']:.4f} +- {f(se, '{:.4f}')} | {v['aa_mean']:.4f} +- {f(aa_se, '{:.4f}')} "
+                f"| {f(None if v.get('slowdown_bound') is None else 100 * v['slowdown_bound'], '{:.2f}%')} "
+                f"| {v['not_worse']} | {v.get('not_worse_2se')} "
+                f"| {f(None if not c else 100 * statistics.fmean(c), '{:.2f}%')} |"
+            )
     reg = (result.get("adaptive") or {}).get("regret_vs_off") or []
     if reg:
         lines += [
@@ -1594,6 +1673,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "decoded side by side, one step each per round (default 3; --quick 1; 0 = off)",
     )
     ap.add_argument(
+        "--never-worse-reps",
+        type=int,
+        default=None,
+        help="focused lock-step rounds of plain, adaptive and plain-again alone: the 'never worse than plain' "
+        "verdict with a stated resolution (default 8; --quick 2; 0 = off)",
+    )
+    ap.add_argument(
         "--quick",
         action="store_true",
         help="1 repetition, at most 2 prompts per batch size, 2 history prompts, smaller bandwidth probe",
@@ -1609,6 +1695,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.lockstep_reps = 1 if args.quick else 3
     if args.lockstep_reps < 0:
         ap.error(f"--lockstep-reps must be >= 0, got {args.lockstep_reps}")
+    if args.never_worse_reps is None:
+        args.never_worse_reps = 2 if args.quick else 8
+    if args.never_worse_reps < 0:
+        ap.error(f"--never-worse-reps must be >= 0, got {args.never_worse_reps}")
     if args.adaptive_warmup is None:
         args.adaptive_warmup = 1 if args.quick else 6
     if args.history_prompts is None:
@@ -1755,6 +1845,7 @@ def run(args: argparse.Namespace) -> dict:
 
     runs: list[RunResult] = []
     lock_runs: list[RunResult] = []
+    nw_runs: list[RunResult] = []
     warm: list[dict] = []
     warm_runs: list[RunResult] = []
     pld_skip: dict[int, str] = {}
@@ -1815,22 +1906,32 @@ def run(args: argparse.Namespace) -> dict:
                     r = one(c, workloads[b], rep, seed)
                     if r is not None:
                         runs.append(r)
+
         # lock step: the tailspec configurations side by side, one step each per round (see run_lockstep)
+        def rounds(cs: list[str], reps: int, rep0: int, label: str, into: list[RunResult]) -> None:
+            """``reps`` lock-step rounds of ``cs`` at every batch size (the first engine rotating)."""
+            for rep in range(reps):
+                for b in bsz:
+                    k = rep % len(cs)
+                    t = time.perf_counter()
+                    rs = runner.run_lockstep(
+                        cs[k:] + cs[:k], workloads[b], sampling, args.seed * 7919, rep0 + rep
+                    )
+                    into.extend(rs)
+                    pm = next(r.makespan_s for r in rs if r.config == PLAIN)
+                    print(
+                        f"[rollout_longtail] {label} {rep} b={b} ({time.perf_counter() - t:.1f} s): "
+                        + ", ".join(f"{r.config} {pm / r.makespan_s:.3f}x" for r in rs if r.config != PLAIN),
+                        flush=True,
+                    )
+
         lock_configs = [c for c in configs if c == PLAIN or c in FIXED_ARMS or c in LEARNED_ARMS]
         lock_configs += [c for c in (ADAPTIVE, ADAPTIVE_COLD) if c in configs] + [PLAIN_AGAIN]
-        for rep in range(args.lockstep_reps):
-            for b in bsz:
-                k = rep % len(lock_configs)
-                order = lock_configs[k:] + lock_configs[:k]
-                t = time.perf_counter()
-                rs = runner.run_lockstep(order, workloads[b], sampling, args.seed * 7919, rep)
-                lock_runs.extend(rs)
-                pm = next(r.makespan_s for r in rs if r.config == PLAIN)
-                print(
-                    f"[rollout_longtail] lock-step rep {rep} b={b} ({time.perf_counter() - t:.1f} s): "
-                    + ", ".join(f"{r.config} {pm / r.makespan_s:.3f}x" for r in rs if r.config != PLAIN),
-                    flush=True,
-                )
+        rounds(lock_configs, args.lockstep_reps, 0, "lock-step rep", lock_runs)
+        # the never-worse rounds: plain, adaptive and plain-again alone (never_worse_table)
+        if ADAPTIVE in configs:
+            trio = [PLAIN, ADAPTIVE, PLAIN_AGAIN]
+            rounds(trio, args.never_worse_reps, NEVER_WORSE_REP0, "never-worse round", nw_runs)
     finally:
         if vllm is not None:
             vllm.close()
@@ -1850,6 +1951,14 @@ def run(args: argparse.Namespace) -> dict:
         "results": lock_table,
         "verdicts": lockstep_verdicts(lock_table, fixed),
         "lengths": length_check(lock_runs, lock_ran),
+        "never_worse": {
+            "rounds": args.never_worse_reps if nw_runs else 0,
+            "results": never_worse_table(nw_runs, bsz),
+            "regret_vs_off": exploration_regret(
+                [r for r in nw_runs if r.config == ADAPTIVE], [r for r in nw_runs if r.config == PLAIN]
+            ),
+            "lengths": length_check(nw_runs, [PLAIN, ADAPTIVE, PLAIN_AGAIN]) if nw_runs else None,
+        },
     }
 
     # limits: decode step at batch 1 vs reading the weights once
@@ -1954,6 +2063,7 @@ def run(args: argparse.Namespace) -> dict:
         },
         "runs": [r.summary() for r in runs],
         "runs_lockstep": [r.summary() for r in lock_runs],
+        "runs_never_worse": [r.summary() for r in nw_runs],
         "elapsed_s": time.perf_counter() - t_start,
     }
     return result

@@ -315,3 +315,62 @@ def test_lockstep_orders_the_engines_afresh_each_round(tiny_policy_dir):
     predecessor = {(r[j - 1], r[j]) for r in rounds for j in range(1, len(r))}
     assert len(predecessor) > len(configs)  # a fixed cyclic order (rotated or not) has exactly len(configs)
     assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_never_worse_table_states_the_slowdown_the_rounds_allow():
+    """Per round: the mean of the two plain makespans over adaptive's; mean and standard error over rounds; a
+    round missing a configuration is left out."""
+    runs = _lock_runs(
+        {
+            ("plain", 0): 1.00,
+            ("plain-again", 0): 1.02,
+            ("adaptive", 0): 1.02,  # 0.990
+            ("plain", 1): 2.00,
+            ("plain-again", 1): 2.00,
+            ("adaptive", 1): 2.02,  # 0.990
+            ("plain", 2): 1.50,
+            ("plain-again", 2): 1.50,
+            ("adaptive", 2): 1.53,  # 0.980
+            ("plain", 3): 1.0,  # no adaptive in round 3: left out
+            ("plain-again", 3): 1.0,
+        }
+    )
+    v = rl.never_worse_table(runs, [2])["2"]
+    r = [1.01 / 1.02, 2.0 / 2.02, 1.5 / 1.53]
+    mean = sum(r) / 3
+    se = math.sqrt(sum((x - mean) ** 2 for x in r) / 2 / 3)
+    assert v["rounds"] == 3
+    assert v["ratio_mean"] == pytest.approx(mean)
+    assert v["ratio_se"] == pytest.approx(se)
+    assert v["aa_mean"] == pytest.approx((1 / 1.02 + 1 + 1) / 3)
+    assert v["slowdown_bound"] == pytest.approx(1 - (mean - 2 * se))
+    assert v["resolution"] == pytest.approx(2 * se)
+    # ~1.3% slower, se ~0.3%: worse by the point estimate and beyond two standard errors
+    assert v["not_worse"] is False and v["not_worse_2se"] is False
+    # one round: no standard error, no 2-se verdict
+    one = rl.never_worse_table(
+        _lock_runs({("plain", 0): 1.0, ("plain-again", 0): 1.0, ("adaptive", 0): 0.99}), [2]
+    )
+    assert (
+        one["2"]["ratio_se"] is None and one["2"]["not_worse_2se"] is None and one["2"]["not_worse"] is True
+    )
+    assert rl.never_worse_table(_lock_runs({("plain", 0): 1.0}), [2]) == {}
+
+
+def test_never_worse_rounds_in_the_result(result):
+    res, out = result
+    nw = res["lockstep"]["never_worse"]
+    assert nw["rounds"] == 2
+    for b in ("1", "4"):
+        v = nw["results"][b]
+        assert v["rounds"] == 2 and len(v["ratio_all"]) == 2
+        ms = {
+            (r["config"], r["rep"]): r["makespan_s"]
+            for r in res["runs_never_worse"]
+            if r["batch_size"] == int(b)
+        }
+        reps = sorted({k for _, k in ms})
+        assert len(reps) == 2 and min(reps) >= rl.NEVER_WORSE_REP0
+        want = [(ms[("plain", k)] + ms[("plain-again", k)]) / 2 / ms[("adaptive", k)] for k in reps]
+        assert v["ratio_all"] == [round(x, 4) for x in want]
+    assert "Never worse than plain (2 lock-step rounds" in (out / "rollout_longtail.md").read_text()
