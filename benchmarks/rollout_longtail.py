@@ -156,9 +156,8 @@ MATCHED = "-matched"
 VLLM_MATCHED: dict[str, str] = {f"{c}{MATCHED}": c for c in VLLM_CONFIGS}
 PLAIN, ADAPTIVE, ADAPTIVE_COLD = "plain", "adaptive", "adaptive-cold"
 PLAIN_AGAIN = "plain-again"  # lock-step A/A control: a second plain engine
-NEVER_WORSE_REP0 = (
-    100  # the never-worse rounds' repetition numbers start here (apart from the lock-step rounds')
-)
+# the never-worse rounds' repetition numbers start here (apart from the lock-step rounds')
+NEVER_WORSE_REP0 = 100
 HF_PLAIN, HF_PLD = "hf-plain", "hf-pld"
 LENGTH_TOLERANCE = 0.15
 LONGTAIL_GOAL = 3.0  # long-tail tokens/s vs plain
