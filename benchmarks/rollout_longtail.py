@@ -1528,7 +1528,7 @@ def write_plot(result: dict, path: Path) -> None:
     bs = list(table)
     configs = [c for c in result["settings"]["configs"] if c != PLAIN]
     flagged = {c for c, d in result["lengths"].items() if d.get("flag")}
-    fig, axes = plt.subplots(1, 4, figsize=(26, 5.6))
+    fig, axes = plt.subplots(1, 5, figsize=(31, 5.6))
     cmap = plt.get_cmap("tab20")
     width = 0.8 / max(1, len(configs))
 
@@ -1571,6 +1571,8 @@ def write_plot(result: dict, path: Path) -> None:
     ax.set_title(f"Active batch over time (b={tl.get('batch_size')}, rep {tl.get('rep')})")
     ax.legend(fontsize=8)
     _lockstep_panel(axes[3], result.get("lockstep") or {}, configs, cmap)
+    ad = cmap(configs.index(ADAPTIVE) % 20) if ADAPTIVE in configs else "C0"
+    _never_worse_panel(axes[4], (result.get("lockstep") or {}).get("never_worse") or {}, ad)
     m = result["machine"]
     fig.suptitle(
         f"tailspec rollout long tail: {result['settings']['model_name']}, G={result['settings']['group']}, "
@@ -1615,6 +1617,30 @@ def _lockstep_panel(ax, ls: dict, configs: list[str], cmap) -> None:
     ax.set_xticks(range(len(bs)), [f"b={b}" for b in bs])
     ax.set_ylabel("x vs tailspec plain, same round (zoomed)")
     ax.set_title(f"Lock step: makespan speedup ({ls.get('reps')} reps; grey = A/A plain-again)")
+
+
+def _never_worse_panel(ax, nw: dict, color) -> None:
+    """The never-worse rounds (``never_worse_table``): per batch size, adaptive vs the mean of the two plains and
+    the A/A control (plain / plain-again), each its mean over rounds with a +-2 standard error bar."""
+    table = nw.get("results") or {}
+    if not table:
+        ax.text(0.5, 0.5, "never-worse rounds not run", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return
+    bs = list(table)
+    for key, se_key, dx, c, label in (
+        ("ratio_mean", "ratio_se", -0.12, color, "adaptive / mean of the two plains"),
+        ("aa_mean", "aa_se", 0.12, "0.5", "A/A: plain / plain-again"),
+    ):
+        ys = [table[b][key] for b in bs]
+        err = [2 * (table[b][se_key] or 0.0) for b in bs]
+        ax.errorbar([j + dx for j in range(len(bs))], ys, yerr=err, fmt="o", capsize=4, color=c, label=label)
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.set_xticks(range(len(bs)), [f"b={b}" for b in bs])
+    ax.set_xlim(-0.5, len(bs) - 0.5)
+    ax.set_ylabel("x vs plain (mean over rounds, +-2 se)")
+    ax.set_title(f"Never worse than plain? ({nw.get('rounds')} rounds, 3 engines side by side)")
+    ax.legend(fontsize=8)
 
 
 # ---------------------------------------------------------------------------------------------- main
