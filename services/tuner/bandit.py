@@ -1358,11 +1358,7 @@ class TablePolicy:
         if last == batch_size and arm is self._off_arm:
             # fast path: a greedy off step of a settled bucket (nothing to demote, no ledger entry: a settled
             # bucket has nothing to spend it on; its balance moves again once it has)
-            if len(self._pending) == self._pending.maxlen:
-                self.dropped += 1
-            self._pending.append(
-                (batch_size, OFF.name, float(committed_tokens), float(seconds), False, self.version, steps)
-            )
+            self._record(batch_size, OFF.name, float(committed_tokens), float(seconds), False, steps)
             return
         if isinstance(last, int):
             last = (last, self.bucket_of(last), OFF.name, False)
@@ -1370,15 +1366,20 @@ class TablePolicy:
         i = last[1] if last is not None and last[0] == batch_size else self.bucket_of(batch_size)
         # explored: the step the last ``choose`` drew for exploration (same bucket, same arm)
         explored = last is not None and last[3] and last[1] == i and last[2] == name
-        if len(self._pending) == self._pending.maxlen:
-            self.dropped += 1
-        self._pending.append(
-            (int(batch_size), name, float(committed_tokens), float(seconds), explored, self.version, steps)
-        )
+        self._record(int(batch_size), name, float(committed_tokens), float(seconds), explored, steps)
         if self.ledger is not None and not self._settled[i]:
             self._account(i, batch_size, name, float(committed_tokens), float(seconds), explored, steps)
         if not explored and name != OFF.name and self.demote is not None and i not in self._demoted:
             self._observe_best(i, float(committed_tokens), float(seconds))
+
+    def _record(
+        self, batch_size: int, name: str, tokens: float, seconds: float, explored: bool, steps: int
+    ) -> None:
+        """Queue one observation record for ``drain_observations`` (the oldest dropped, and counted, when
+        ``max_pending`` are waiting)."""
+        if len(self._pending) == self._pending.maxlen:
+            self.dropped += 1
+        self._pending.append((batch_size, name, tokens, seconds, explored, self.version, steps))
 
     def _account(
         self,
