@@ -140,9 +140,10 @@ ingests them with ``merge()`` (a list of observation dicts); ``merge()`` also ta
 ``state_dict()``. ``state_dict()`` / ``load_state_dict()`` checkpoint and restore (JSON-serializable).
 The table also carries each bucket's off estimate and the demotion settings (``demote_samples``, 16; None:
 never): an actor demotes a drafting best that its own plays show reliably below off (``TablePolicy``), and
-the ledger settings (``ledger_budget``, 0.2%; ``ledger_cap``; None: no ledger): an actor plays probes and
-explorations only while their realized extra time over off, per bucket, stays within that share of its
-greedy steps' time (``TablePolicy``, "Regret ledger"). The prices above come from estimates; the ledger
+the ledger settings (``ledger_budget``, 0.2%; ``ledger_cap``; None: no ledger): an actor plays an arm's probes
+and explorations only while their realized extra time over off, per bucket and arm, stays within the arm's
+part of that share of its greedy steps' time (``TablePolicy``, "Regret ledger"). The prices above come from
+estimates; the ledger
 bounds what is actually spent (batch 64 on the long-tail benchmark, lock step: probes and exploration
 6-7.5% of the rollout before, 0.5-2% with it at a 1% budget). On the distributed simulation of
 ``tests/tuner/test_bandit_sim.py`` (seeds 5-16) the time over the oracle's went from 4.1% to 2.5% (1%
@@ -154,7 +155,11 @@ step (8 rounds, plain / A/A / adaptive side by side), the adaptive rollouts' dra
 Simulated (benchmark-like schedules at batch 1 / 4 / 16 / 64, drafters whose acceptance varies from rollout
 to rollout by a log-normal factor, sigma 0.35; 24 seeds, rollouts 5-12): speed vs always-off 1.135 / 1.026 /
 0.996 / 0.994 with demotion after 16 plays, 1.088 / 1.011 / 0.989 / 0.990 without, 1.123 / 1.036 / 1.000 /
-0.991 after 32.
+0.991 after 32. Since the ledger (one balance per bucket, 0.2%) the same simulation (16 seeds) gave 0.997 /
+0.998 / 0.997 / 0.998: the costly arms' probes kept each bucket in debt and nothing else was explored; with a
+balance per arm 1.075 / 1.020 / 1.006 / 1.005 (0.998 / 0.998 / 0.999 / 0.999 with every drafter's acceptance
+at 0.55x, where off is the best everywhere), while the distributed simulation above went from 2.1% to 3.0%
+over the oracle (each actor's first probe of each arm is no longer serialized behind the others).
 
 Beyond BEG-MAB: an explicit ``off`` baseline with a statistical, cost-aware regret guard; exploration priced
 by a regret budget; probation with exponential backoff; untried/probe scheduling; a stall-capped throughput
@@ -1153,23 +1158,29 @@ class TablePolicy:
 
     Regret ledger (the table's ``ledger`` settings, ``BanditConfig.ledger_budget`` B and ``ledger_cap`` C): the
     tuner prices exploration by probabilities and estimates (``explore_p``, the guard's holds); this actor
-    bounds what its probes and explorations *actually* cost, per bucket, whatever those estimates say. Each
-    bucket keeps a balance in seconds: every greedy step adds ``B * seconds`` (except in a settled bucket, with
-    nothing to probe or explore in this table version: nothing to spend it on; there off steps take the fast
-    path, which records and nothing else); every probe or exploration
-    step subtracts its extra time over plain decoding, ``seconds - committed_tokens * s_off``, where
-    ``s_off`` is this actor's seconds per committed token of off in that bucket (an exponential average of
-    its off steps, weight ``_LEDGER_ALPHA``, each step capped at twice the average: a GC pause is not a slow
-    arm; the table's ``off_estimate`` until the actor has played off there). A probe or exploration
-    is played only while the balance is >= 0 (else the bucket plays its best and the probe waits:
-    ``deferred`` counts those steps); the balance is capped at C off steps of the current batch size, so a
-    long greedy stretch does not bank a burst. So the realized extra time of non-greedy steps is at most
-    ``B`` of the greedy time plus one play and C off steps per bucket, over the actor's life (the balance
-    survives table updates), and an arm that is as fast as off (extra <= 0) is never held back. Why: the
-    tuner's prices come from its windows, and at batch >= 32 they understate a draft's cost 2-3x (the
-    verify of k + 1 tokens per row is compute-bound; the cost floor comes from smaller buckets); measured in
-    lock step on the long-tail benchmark, probes and exploration at batch 32-64 were 6-7.5% of a batch-64
-    rollout (`238409b`). Without a reference (no off play here, no ``off_estimate``) steps are not priced.
+    bounds what each arm's probes and explorations *actually* cost, per bucket, whatever those estimates say.
+    Each arm other than the best has a share of the budget (n = the table's arms less one, as ``explore_p``'s
+    shares) and its own balance in seconds: every greedy step adds ``B / n * seconds`` to each (except in a
+    settled bucket, with nothing to probe or explore in this table version: nothing to spend it on; there off
+    steps take the fast path, which records and nothing else); every probe or exploration step of the arm
+    subtracts its extra time over plain decoding, ``seconds - committed_tokens * s_off``, where ``s_off`` is
+    this actor's seconds per committed token of off in that bucket (an exponential average of its off steps,
+    weight ``_LEDGER_ALPHA``, each step capped at twice the average: a GC pause is not a slow arm; the table's
+    ``off_estimate`` until the actor has played off there). An arm probes or explores only while its balance is
+    >= 0 (else the bucket plays its best: its probe waits, an exploration drawn for it is a greedy step;
+    ``deferred`` counts those steps); a balance is capped at C off steps of the current batch size, so a long
+    greedy stretch does not bank a burst. So the realized extra time of an arm's non-greedy steps is at most
+    ``B / n`` of the greedy time plus one play and C off steps per bucket, over the actor's life (the balances
+    survive table updates), all arms' together at most ``B`` plus one play and C off steps each, and an arm as
+    fast as off (extra <= 0) is never held back. Why: the tuner's prices come from its windows, and at batch
+    >= 32 they understate a draft's cost 2-3x (the verify of k + 1 tokens per row is compute-bound; the cost
+    floor comes from smaller buckets); measured in lock step on the long-tail benchmark, probes and
+    exploration at batch 32-64 were 6-7.5% of a batch-64 rollout (`238409b`). Why one balance per arm: with one
+    per bucket, the probes of costly arms (a learned drafter at 3-5x off's time per token) kept the bucket in
+    debt, and the cheap arms' explorations waited behind them: on a simulated benchmark-like schedule (default
+    arms, ``suffix-k4`` ~1.2x off at batch 1), batch 1 ran at 0.997x of always-off, its best never promoted;
+    with a balance per arm 1.075x. Without a reference (no off play here, no ``off_estimate``) steps are not
+    priced.
     """
 
     def __init__(
@@ -1193,8 +1204,12 @@ class TablePolicy:
         # fast path (a settled bucket's off step); read by the ``observe`` of that step
         self._last: tuple[int, int, str, bool] | int | None = None
         self.demotions: dict[int, int] = {}
-        # regret ledger (class docstring), per bucket: balance in seconds, off's seconds per committed token
-        self._balance: list[float] = []
+        # regret ledger (class docstring), per bucket: the credit each arm's share has received so far (seconds),
+        # the cap on an arm's balance (seconds), each touched arm's [balance, credit when last touched] and off's
+        # seconds per committed token
+        self._credit: list[float] = []
+        self._cap: list[float] = []
+        self._accounts: list[dict[str, list[float]]] = []
         self._off_spt: list[float | None] = []
         self.deferred = 0  # probe / exploration steps the ledger turned into greedy steps
         self.update(table)
@@ -1257,9 +1272,13 @@ class TablePolicy:
         self._forced: set[int] = set()
         self._off_arm = arms.get(OFF.name)
         self.ledger = ledger
-        if len(self._balance) != len(buckets):  # the first table, or other buckets: start afresh
-            self._balance = [0.0] * len(buckets)
+        if len(self._credit) != len(buckets):  # the first table, or other buckets: start afresh
+            self._credit = [0.0] * len(buckets)
+            self._cap = [math.inf] * len(buckets)
+            self._accounts = [{} for _ in buckets]
             self._off_spt = [None] * len(buckets)
+        # an arm's share of the ledger's budget: every arm but the best has one (``BucketedBandit._explore_p``)
+        self._shares = max(1, len(arms) - 1)
         for i, settled in enumerate(self._settled):
             if settled:  # its off steps do not update the reference (fast path): the table's until it moves
                 self._off_spt[i] = None
@@ -1282,19 +1301,18 @@ class TablePolicy:
         probability ``P`` (no probe left): the steps before its next exploration are drawn at once, geometric
         with parameter ``P`` (the same law as ``P`` drawn step by step); when that next exploration falls within
         ``k`` steps, the ``choose`` after the run explores (its arm drawn in proportion to ``explore_p``, still
-        subject to the ledger). A bucket in debt with the ledger: ``k`` (no probe or exploration until a
-        measured step has credited the run). Anything else (a drafting best, probes left): 0."""
+        subject to the ledger: an arm in debt plays its best instead). Probes left only of arms in debt with the
+        ledger: as if there were none (they wait until a measured step has credited the run). Anything else (a
+        drafting best, probes left): 0."""
         if batch_size in self._fast:
             return k
         i = self.bucket_of(batch_size)
         b = self.buckets[i]
         if b["best"] != OFF.name and i not in self._demoted:
             return 0
-        if self.ledger is not None and self._balance[i] < 0.0:
-            # in debt: greedy until a measured step credits the run (a waiting probe: <= 2 runs later)
-            return k
-        if any((i, n) not in self._probed for n in b.get("probe", ())):
+        if any((i, n) not in self._probed and self._may_play(i, n) for n in b.get("probe", ())):
             return 0
+        # a probe whose arm owes the ledger waits: greedy until a measured step credits the run (<= 2 runs later)
         explore = b.get("explore")
         if not explore:
             return k
@@ -1328,12 +1346,17 @@ class TablePolicy:
         forced = batch_size in self._forced
         if forced:
             self._forced.discard(batch_size)
-        name = next((n for n in b.get("probe", []) if (i, n) not in self._probed), None)
-        if self.ledger is not None and self._balance[i] < 0.0:
-            # in debt: no probe (it waits, class docstring) and no exploration until the balance is >= 0
-            self.deferred += name is not None
-            name = None
-        elif name is not None:
+        # an arm in debt with the ledger is not played (class docstring): its probe waits, and an exploration
+        # drawn for it is a greedy step
+        waiting = False
+        name = None
+        for n in b.get("probe", ()):
+            if (i, n) not in self._probed:
+                if self._may_play(i, n):
+                    name = n
+                    break
+                waiting = True
+        if name is not None:
             self._probed.add((i, name))
         elif b.get("explore"):
             explore = b["explore"]
@@ -1343,6 +1366,9 @@ class TablePolicy:
                 # ``quiet_run`` drew this step's exploration: the arm in proportion to the probabilities
                 u *= min(1.0, sum(probs))
             name = _draw(explore, probs, u)
+            if name is not None and not self._may_play(i, name):
+                waiting, name = True, None
+        self.deferred += waiting and name is None
         if name is None:
             name, explored = (OFF.name if i in self._demoted else b["best"]), False
         self._last = (batch_size, i, name, explored)
@@ -1404,10 +1430,27 @@ class TablePolicy:
                 return  # no reference to price the step by
             spt = 1.0 / float(est)
         if explored:
-            self._balance[i] -= seconds - tokens * spt
+            self._accounts[i][name] = [
+                self.ledger_balance(i, name) - (seconds - tokens * spt),
+                self._credit[i],
+            ]
         else:
             budget, cap = self.ledger
-            self._balance[i] = min(self._balance[i] + budget * seconds * steps, cap * batch_size * spt)
+            self._credit[i] += budget * seconds * steps / self._shares
+            self._cap[i] = cap * batch_size * spt
+
+    def ledger_balance(self, i: int, name: str) -> float:
+        """Arm ``name``'s balance with bucket ``i``'s regret ledger, in seconds (class docstring): its share of
+        the credit since it was last played, less what its plays cost, capped (an arm never played: its share of
+        all the credit so far, capped)."""
+        acc = self._accounts[i].get(name)
+        if acc is None:
+            return min(self._credit[i], self._cap[i]) if self._credit[i] > 0 else 0.0
+        return min(acc[0] + self._credit[i] - acc[1], self._cap[i])
+
+    def _may_play(self, i: int, name: str) -> bool:
+        """Whether the ledger lets arm ``name`` probe or explore in bucket ``i`` now (balance >= 0)."""
+        return self.ledger is None or self.ledger_balance(i, name) >= 0.0
 
     def _observe_best(self, i: int, tokens: float, seconds: float) -> None:
         """One greedy play of bucket ``i``'s drafting best: demote it to off when reliably below off (see the

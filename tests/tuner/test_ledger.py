@@ -1,14 +1,16 @@
-"""A rollout actor's regret ledger (``TablePolicy``, ``BanditConfig.ledger_budget`` / ``ledger_cap``): probes
-and explorations are played only while their realized extra time over off stays within the budget of the
-greedy steps' time, whatever the table's prices say; arms as fast as off are never held back."""
+"""A rollout actor's regret ledger (``TablePolicy``, ``BanditConfig.ledger_budget`` / ``ledger_cap``): an arm's
+probes and explorations are played only while their realized extra time over off stays within its share of
+the budget of the greedy steps' time, whatever the table's prices say; arms as fast as off are never held
+back, and one costly arm's debt does not hold back the others."""
 
 import random
 
 import pytest
 
-from services.tuner.arms import OFF, Arm, TunerConfigError
+from services.tuner.arms import OFF, Arm, TunerConfigError, default_arms
 from services.tuner.bandit import BanditConfig, BucketedBandit, TablePolicy
 from services.tuner.grpc_service import table_from_pb, table_to_pb
+from services.tuner.sim import ArmProfile, CostModel
 
 SUFFIX = Arm.from_name("suffix-k8-w1")
 NGRAM = Arm.from_name("ngram-k3-w1")
@@ -61,16 +63,17 @@ def run(policy: TablePolicy, steps: int, cost: dict[str, tuple[float, float]], s
 def test_the_ledger_bounds_what_exploration_costs_and_without_it_the_table_decides():
     """An arm 3x slower than off per token (each play 2 off steps of extra time), explored with p = 0.2: the
     table's price is wrong by far. With the ledger (1%, cap 2 off steps) the explored steps' extra time is at
-    most 1% of the greedy time plus one play and the cap; without it, exploration costs ~40% of the time."""
+    most the arm's share of 1% of the greedy time (half: the table has two arms besides off) plus one play and
+    the cap; the draws it refused are counted; without it, exploration costs ~40% of the time."""
     cost = {NGRAM.name: (1.0, 3 * OFF_S)}
+    without = TablePolicy(table_with([NGRAM.name], [0.2], ledger=None), seed=0)
+    r0 = run(without, 4000, cost)
     with_ledger = TablePolicy(table_with([NGRAM.name], [0.2]), seed=0)
     r = run(with_ledger, 4000, cost)
     assert r["explored"] > 5  # it still explores, at the budget's pace
-    assert r["extra_s"] <= 0.01 * r["greedy_s"] + 2 * OFF_S * 1.05 + 2 * OFF_S + 1e-9
-    assert with_ledger.deferred == 0  # nothing to probe, so nothing deferred
-
-    without = TablePolicy(table_with([NGRAM.name], [0.2], ledger=None), seed=0)
-    r0 = run(without, 4000, cost)
+    assert r["extra_s"] <= 0.01 / 2 * r["greedy_s"] + 2 * OFF_S * 1.05 + 2 * OFF_S + 1e-9
+    # one draw per step either way (same seed): every exploration drawn was played or deferred
+    assert r["explored"] + with_ledger.deferred == r0["explored"]
     assert r0["extra_s"] > 20 * r["extra_s"]
     assert r0["extra_s"] > 0.3 * r0["greedy_s"]
 
@@ -87,28 +90,38 @@ def test_an_arm_as_fast_as_off_is_never_held_back():
     assert r["extra_s"] < 0
 
 
-def test_probes_wait_for_the_balance_and_it_survives_a_table_update():
-    """The first probe is played at once (balance 0); it leaves the bucket in debt, so the second probe waits
-    (the bucket plays its best, counted in ``deferred``) until greedy steps have paid the debt back; the
-    balance carries over to the next table version."""
-    cost = {NGRAM.name: (1.0, 3 * OFF_S), SUFFIX.name: (1.0, 3 * OFF_S)}
-    policy = TablePolicy(table_with(probe=[NGRAM.name, SUFFIX.name], off_estimate=1 / OFF_S), seed=0)
-    chosen = []
-    for _ in range(400):
-        arm = policy.choose(1)
-        chosen.append(arm.name)
-        tokens, seconds = cost.get(arm.name, (1.0, OFF_S))
-        policy.observe(1, arm, tokens, seconds)
-    assert chosen[0] == NGRAM.name
-    second = chosen.index(SUFFIX.name)
-    # debt 2 off steps, paid back at 1% of an off step per greedy step: ~200 greedy steps
-    assert 150 <= second <= 250
+def test_each_arm_pays_its_own_probes_and_its_balance_survives_a_table_update():
+    """Two probes: a costly arm (3x off's time per token: each play 2 off steps of debt) and one as fast as off
+    (2 tokens in 1.5 off steps). Both play at once (balance 0); the costly arm's debt does not hold back the
+    other. In the next table version the fast arm's probe plays at once again, the costly one's waits (the
+    bucket plays its best, counted in ``deferred``) until greedy steps have paid its debt back at its share
+    of the budget (half of 1%: two arms besides off): ~400 steps."""
+    cost = {NGRAM.name: (1.0, 3 * OFF_S), SUFFIX.name: (2.0, 1.5 * OFF_S)}
+    probes = [NGRAM.name, SUFFIX.name]
+    policy = TablePolicy(table_with(probe=probes, off_estimate=1 / OFF_S), seed=0)
+
+    def steps(n):
+        chosen = []
+        for _ in range(n):
+            arm = policy.choose(1)
+            chosen.append(arm.name)
+            tokens, seconds = cost.get(arm.name, (1.0, OFF_S))
+            policy.observe(1, arm, tokens, seconds)
+        return chosen
+
+    assert steps(2) == probes
+    assert policy.ledger_balance(0, NGRAM.name) == pytest.approx(-2 * OFF_S)
+    assert policy.ledger_balance(0, SUFFIX.name) > 0  # it earned time back
+    policy.update(table_with(probe=probes, off_estimate=1 / OFF_S))  # the balances carry over
+    assert policy.ledger_balance(0, NGRAM.name) == pytest.approx(-2 * OFF_S)
+    chosen = steps(600)
+    assert chosen[0] == SUFFIX.name
+    second = chosen.index(NGRAM.name)
+    # debt 2 off steps, paid back at 1% / 2 of an off step per greedy step: ~400 greedy steps
+    assert 350 <= second <= 450
     assert policy.deferred == second - 1
     assert chosen.count(NGRAM.name) == 1 and chosen.count(SUFFIX.name) == 1
-    assert policy._balance[0] < 0  # in debt again after the second probe
-    policy.update(table_with(probe=[NGRAM.name], off_estimate=1 / OFF_S))
-    assert policy.choose(1) == OFF  # the new version's probe waits too
-    assert policy.deferred == second
+    assert policy.ledger_balance(0, NGRAM.name) < 0  # in debt again after its second probe
 
 
 def test_a_stalled_off_step_barely_moves_the_reference():
@@ -147,11 +160,52 @@ def test_a_bucket_settled_on_off_banks_nothing_and_prices_by_the_table_when_it_m
     policy = TablePolicy(table_with(off_estimate=1 / OFF_S), seed=0)
     for _ in range(500):
         policy.observe(1, policy.choose(1), 1.0, OFF_S)
-    assert policy._balance[0] == 0.0 and policy._off_spt[0] is None
+    assert policy.ledger_balance(0, NGRAM.name) == 0.0 and policy._off_spt[0] is None
     assert len(policy.drain_observations()) == 500
     policy.update(table_with([NGRAM.name], [1.0], off_estimate=1 / OFF_S))
     arm = policy.choose(1)
     assert arm == NGRAM
     policy.observe(1, arm, 1.0, 3 * OFF_S)
-    assert policy._balance[0] == pytest.approx(-2 * OFF_S)
-    assert policy.choose(1) == OFF  # in debt
+    assert policy.ledger_balance(0, NGRAM.name) == pytest.approx(-2 * OFF_S)
+    assert policy.choose(1) == OFF  # in debt: the exploration drawn (p = 1) is deferred
+    assert policy.deferred == 1
+
+
+def test_costly_arms_debts_do_not_starve_a_faster_arm():
+    """Default arms on a simulated batch-1 workload where ``suffix-k4`` is ~1.3x off and the learned and deep
+    arms are 2-5x slower: every costly probe puts its own arm in debt, not the bucket, so the cheap arm keeps
+    being explored at the table's rate, gets promoted, and the later rollouts run faster than off. (With one
+    balance per bucket the costly probes' debt blocked every exploration: the bucket stayed on off.)"""
+    profiles = {
+        "ngram-k3-w1": ArmProfile(alpha=0.1, draft_ms_per_request=0.01),
+        "suffix-k4-w1": ArmProfile(alpha=0.5, draft_ms_per_request=0.01),
+        "suffix-k8-w1": ArmProfile(alpha=0.3, draft_ms_per_request=0.01),
+        "suffix-k12-w1": ArmProfile(alpha=0.3, draft_ms_per_request=0.01),
+        "suffix-k24-w3-d8": ArmProfile(alpha=0.25, draft_ms_per_request=0.03),
+        "learned-k2-w1": ArmProfile(alpha=0.1, draft_ms_per_level=1.5),
+        "learned-k4-w1": ArmProfile(alpha=0.1, draft_ms_per_level=1.5),
+        "learned-k12-w2-d6": ArmProfile(alpha=0.1, draft_ms_per_level=1.5),
+        "hybrid-k8-w1": ArmProfile(alpha=0.25, draft_ms_per_level=0.5, draft_ms_per_request=0.01),
+    }
+    model = CostModel(base_ms=2.0, c_ms=0.27, time_sigma=0.15, profiles=profiles)
+    arms = default_arms()
+    assert model.best_arm(arms, 1).name == "suffix-k4-w1"
+    best_speed = model.seconds_per_token(OFF, 1) / model.seconds_per_token(Arm.from_name("suffix-k4-w1"), 1)
+    assert best_speed > 1.25
+    rng = random.Random(0)
+    central = BucketedBandit(arms, BanditConfig(seed=0))
+    policy = TablePolicy(central.table(), seed=100)
+    speeds = []
+    for _ in range(8):  # rollouts of 1,000 decode steps at batch 1, a table after each
+        seconds = off_seconds = 0.0
+        for _ in range(1000):
+            arm = policy.choose(1)
+            tokens, s = model.sample(arm, 1, rng)
+            policy.observe(1, arm, tokens, s)
+            seconds += s
+            off_seconds += tokens * model.seconds_per_token(OFF, 1)
+        speeds.append(off_seconds / seconds)
+        central.merge(policy.drain_observations())
+        policy.update(central.table())
+    assert central.best_arms()[0] == "suffix-k4-w1"
+    assert min(speeds[-3:]) > 1.15, speeds
