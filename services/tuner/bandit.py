@@ -142,8 +142,9 @@ The table also carries each bucket's off estimate and the demotion settings (``d
 never): an actor demotes a drafting best that its own plays show reliably below off (``TablePolicy``), and
 the ledger settings (``ledger_budget``, 0.2%; ``ledger_cap``; None: no ledger): an actor plays an arm's probes
 and explorations only while their realized extra time over off, per bucket and arm, stays within the arm's
-part of that share of its greedy steps' time (``TablePolicy``, "Regret ledger"). The prices above come from
-estimates; the ledger
+part of that share of its greedy steps' time, unless the table lists the arm as ``free`` (estimated at least
+as fast as off: ``_free``) (``TablePolicy``, "Regret ledger"). The prices above come from estimates; the
+ledger
 bounds what is actually spent (batch 64 on the long-tail benchmark, lock step: probes and exploration
 6-7.5% of the rollout before, 0.5-2% with it at a 1% budget). On the distributed simulation of
 ``tests/tuner/test_bandit_sim.py`` (seeds 5-16) the time over the oracle's went from 4.1% to 2.5% (1%
@@ -157,9 +158,10 @@ to rollout by a log-normal factor, sigma 0.35; 24 seeds, rollouts 5-12): speed v
 0.996 / 0.994 with demotion after 16 plays, 1.088 / 1.011 / 0.989 / 0.990 without, 1.123 / 1.036 / 1.000 /
 0.991 after 32. Since the ledger (one balance per bucket, 0.2%) the same simulation (16 seeds) gave 0.997 /
 0.998 / 0.997 / 0.998: the costly arms' probes kept each bucket in debt and nothing else was explored; with a
-balance per arm 1.075 / 1.020 / 1.006 / 1.005 (0.998 / 0.998 / 0.999 / 0.999 with every drafter's acceptance
-at 0.55x, where off is the best everywhere), while the distributed simulation above went from 2.1% to 3.0%
-over the oracle (each actor's first probe of each arm is no longer serialized behind the others).
+balance per arm and free arms 1.110 / 1.042 / 1.010 / 1.007 (0.998 / 0.999 / 1.000 / 1.001 with every
+drafter's acceptance at 0.55x, where off is the best everywhere), while the distributed simulation above
+went from 2.1% to 3.0% over the oracle, batch 1's best found in 12 of 12 seeds (each actor's first probe of
+each arm is no longer serialized behind the others).
 
 Beyond BEG-MAB: an explicit ``off`` baseline with a statistical, cost-aware regret guard; exploration priced
 by a regret budget; probation with exponential backoff; untried/probe scheduling; a stall-capped throughput
@@ -683,6 +685,29 @@ class BucketedBandit:
             cost = max(cost, self._estimate(off) / upper - 1.0 if upper > 0 else math.inf)
         return cost
 
+    def _free(self, i: int) -> list[str]:
+        """Bucket ``i``'s drafting arms that the actors' regret ledger does not hold back (``TablePolicy``): not
+        guarded, with samples, an estimate at least off's, and no cost floor from smaller buckets
+        (``_cost_floor``). Their plays are not expected to cost anything over off. Why: a drafting arm's plays
+        vary widely (most commit one token at a higher cost, a few commit many), so a faster arm's balance
+        still went negative on its unlucky plays, and then only greedy steps could repay it: at 0.2% a batch-1
+        arm 1.3x faster than off was played ~15 times in 10,000 steps instead of ~110 and not promoted in 4 of 8
+        simulated seeds."""
+        bucket = self._buckets[i]
+        off = bucket.arms[OFF.name]
+        if len(off.window) < self.cfg.min_samples_for_guard:
+            return []
+        bar = self._estimate(off)
+        return [
+            n
+            for n, st in bucket.arms.items()
+            if n != OFF.name
+            and st.window
+            and not st.guarded
+            and self._estimate(st) >= bar
+            and self._cost_floor(i, n) <= 0.0
+        ]
+
     def _explore_p(self, i: int, best: str, others: list[str]) -> list[float]:
         """Per-step probability of exploring each arm of ``others`` in bucket ``i`` (module docstring:
         "Exploration with a regret budget"): ``epsilon / n`` capped at ``B / (n * c_a)``."""
@@ -918,8 +943,9 @@ class BucketedBandit:
     def table(self) -> dict[str, Any]:
         """The strategy table rollout actors copy in-process (JSON-serializable). Per bucket: ``best`` (the
         greedy arm), ``explore`` (eligible arms other than best) with ``explore_p`` (each one's per-step
-        probability, ``_explore_p``), ``probe`` (untried / on probation; each
-        actor plays each once per table version). Guarded arms appear in none of them."""
+        probability, ``_explore_p``), ``probe`` (untried / on probation; each actor plays each once per table
+        version), ``guarded``, ``off_estimate`` and ``free`` (arms the actors' regret ledger lets play in debt,
+        ``_free``). Guarded arms appear in none of explore, probe and free."""
         self._table_version += 1
         buckets = []
         for i, bucket in enumerate(self._buckets):
@@ -941,6 +967,7 @@ class BucketedBandit:
                     "off_estimate": self._estimate(off)
                     if len(off.window) >= self.cfg.min_samples_for_guard
                     else None,
+                    "free": self._free(i),
                 }
             )
         cfg = self.cfg
@@ -1167,19 +1194,22 @@ class TablePolicy:
     this actor's seconds per committed token of off in that bucket (an exponential average of its off steps,
     weight ``_LEDGER_ALPHA``, each step capped at twice the average: a GC pause is not a slow arm; the table's
     ``off_estimate`` until the actor has played off there). An arm probes or explores only while its balance is
-    >= 0 (else the bucket plays its best: its probe waits, an exploration drawn for it is a greedy step;
-    ``deferred`` counts those steps); a balance is capped at C off steps of the current batch size, so a long
+    >= 0 or it is one of the bucket's ``free`` arms (the table's: estimated at least as fast as off,
+    ``BucketedBandit._free``); else the bucket plays its best: its probe waits, an exploration drawn for it is
+    a greedy step (``deferred`` counts those steps). A balance is capped at C off steps of the current batch size, so a long
     greedy stretch does not bank a burst. So the realized extra time of an arm's non-greedy steps is at most
     ``B / n`` of the greedy time plus one play and C off steps per bucket, over the actor's life (the balances
-    survive table updates), all arms' together at most ``B`` plus one play and C off steps each, and an arm as
-    fast as off (extra <= 0) is never held back. Why: the tuner's prices come from its windows, and at batch
+    survive table updates), all arms' together at most ``B`` plus one play and C off steps each, except where
+    the table expects an arm to cost nothing (free), and an arm as fast as off (extra <= 0) is never held
+    back. Why: the tuner's prices come from its windows, and at batch
     >= 32 they understate a draft's cost 2-3x (the verify of k + 1 tokens per row is compute-bound; the cost
     floor comes from smaller buckets); measured in lock step on the long-tail benchmark, probes and
     exploration at batch 32-64 were 6-7.5% of a batch-64 rollout (`238409b`). Why one balance per arm: with one
     per bucket, the probes of costly arms (a learned drafter at 3-5x off's time per token) kept the bucket in
     debt, and the cheap arms' explorations waited behind them: on a simulated benchmark-like schedule (default
     arms, ``suffix-k4`` ~1.2x off at batch 1), batch 1 ran at 0.997x of always-off, its best never promoted;
-    with a balance per arm 1.075x. Without a reference (no off play here, no ``off_estimate``) steps are not
+    with a balance per arm 1.075x, and with free arms 1.11x (a faster arm's unlucky plays had still put it in
+    debt, repaid only by greedy steps). Without a reference (no off play here, no ``off_estimate``) steps are not
     priced.
     """
 
@@ -1279,6 +1309,8 @@ class TablePolicy:
             self._off_spt = [None] * len(buckets)
         # an arm's share of the ledger's budget: every arm but the best has one (``BucketedBandit._explore_p``)
         self._shares = max(1, len(arms) - 1)
+        # per bucket: arms the ledger lets play in debt (``BucketedBandit._free``: not expected to cost anything)
+        self._free = [frozenset(b.get("free") or ()) for b in buckets]
         for i, settled in enumerate(self._settled):
             if settled:  # its off steps do not update the reference (fast path): the table's until it moves
                 self._off_spt[i] = None
@@ -1449,8 +1481,9 @@ class TablePolicy:
         return min(acc[0] + self._credit[i] - acc[1], self._cap[i])
 
     def _may_play(self, i: int, name: str) -> bool:
-        """Whether the ledger lets arm ``name`` probe or explore in bucket ``i`` now (balance >= 0)."""
-        return self.ledger is None or self.ledger_balance(i, name) >= 0.0
+        """Whether the ledger lets arm ``name`` probe or explore in bucket ``i`` now: a balance >= 0, or one of
+        the bucket's ``free`` arms."""
+        return self.ledger is None or name in self._free[i] or self.ledger_balance(i, name) >= 0.0
 
     def _observe_best(self, i: int, tokens: float, seconds: float) -> None:
         """One greedy play of bucket ``i``'s drafting best: demote it to off when reliably below off (see the

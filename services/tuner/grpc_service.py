@@ -50,6 +50,7 @@ def table_to_pb(table: Mapping[str, Any]) -> common_pb2.StrategyTable:
             explore=list(b.get("explore", [])),
             probe=list(b.get("probe", [])),
             guarded=list(b.get("guarded", [])),
+            free=list(b.get("free", [])),
             explore_p=[float(x) for x in b.get("explore_p", [])],
         )
         if b.get("hi") is not None:
@@ -100,6 +101,7 @@ def table_from_pb(pb: common_pb2.StrategyTable) -> dict[str, Any]:
                 "guarded": list(b.guarded),
                 "explore_p": list(b.explore_p),
                 "off_estimate": b.off_estimate if b.HasField("off_estimate") else None,
+                "free": list(b.free),
             }
             for b in pb.buckets
         ],

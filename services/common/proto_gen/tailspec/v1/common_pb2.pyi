@@ -202,7 +202,7 @@ class Arm(_message.Message):
     def __init__(self, name: _Optional[str] = ..., drafter: _Optional[_Union[Drafter, str]] = ..., max_draft_tokens: _Optional[int] = ..., tree_width: _Optional[int] = ..., tree_depth: _Optional[int] = ...) -> None: ...
 
 class StrategyBucket(_message.Message):
-    __slots__ = ("bucket", "lo", "hi", "best", "explore", "probe", "guarded", "explore_p", "off_estimate")
+    __slots__ = ("bucket", "lo", "hi", "best", "explore", "probe", "guarded", "explore_p", "off_estimate", "free")
     BUCKET_FIELD_NUMBER: _ClassVar[int]
     LO_FIELD_NUMBER: _ClassVar[int]
     HI_FIELD_NUMBER: _ClassVar[int]
@@ -212,6 +212,7 @@ class StrategyBucket(_message.Message):
     GUARDED_FIELD_NUMBER: _ClassVar[int]
     EXPLORE_P_FIELD_NUMBER: _ClassVar[int]
     OFF_ESTIMATE_FIELD_NUMBER: _ClassVar[int]
+    FREE_FIELD_NUMBER: _ClassVar[int]
     bucket: int
     lo: int
     hi: int
@@ -221,7 +222,8 @@ class StrategyBucket(_message.Message):
     guarded: _containers.RepeatedScalarFieldContainer[str]
     explore_p: _containers.RepeatedScalarFieldContainer[float]
     off_estimate: float
-    def __init__(self, bucket: _Optional[int] = ..., lo: _Optional[int] = ..., hi: _Optional[int] = ..., best: _Optional[str] = ..., explore: _Optional[_Iterable[str]] = ..., probe: _Optional[_Iterable[str]] = ..., guarded: _Optional[_Iterable[str]] = ..., explore_p: _Optional[_Iterable[float]] = ..., off_estimate: _Optional[float] = ...) -> None: ...
+    free: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, bucket: _Optional[int] = ..., lo: _Optional[int] = ..., hi: _Optional[int] = ..., best: _Optional[str] = ..., explore: _Optional[_Iterable[str]] = ..., probe: _Optional[_Iterable[str]] = ..., guarded: _Optional[_Iterable[str]] = ..., explore_p: _Optional[_Iterable[float]] = ..., off_estimate: _Optional[float] = ..., free: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DemoteSettings(_message.Message):
     __slots__ = ("samples", "z", "margin", "cv_floor", "stall_cap")
