@@ -144,8 +144,7 @@ the ledger settings (``ledger_budget``, 0.2%; ``ledger_cap``; None: no ledger): 
 and explorations only while their realized extra time over off, per bucket and arm, stays within the arm's
 part of that share of its greedy steps' time, unless the table lists the arm as ``free`` (estimated at least
 as fast as off: ``_free``) (``TablePolicy``, "Regret ledger"). The prices above come from estimates; the
-ledger
-bounds what is actually spent (batch 64 on the long-tail benchmark, lock step: probes and exploration
+ledger bounds what is actually spent (batch 64 on the long-tail benchmark, lock step: probes and exploration
 6-7.5% of the rollout before, 0.5-2% with it at a 1% budget). On the distributed simulation of
 ``tests/tuner/test_bandit_sim.py`` (seeds 5-16) the time over the oracle's went from 4.1% to 2.5% (1%
 budget), 2.2% (0.5%) and 2.4% (0.2%, the default since; 0.25% and 0.1%: 2.2% and 2.0%, so no trend below
@@ -1183,8 +1182,8 @@ class TablePolicy:
     held (each test sorts the window twice, ~60 us warm; run every 4th play it was ~15 us per step of a
     drafting best, 0.4% of a 3.9 ms decode step of the benchmark's small model at batch 1).
 
-    Regret ledger (the table's ``ledger`` settings, ``BanditConfig.ledger_budget`` B and ``ledger_cap`` C): the
-    tuner prices exploration by probabilities and estimates (``explore_p``, the guard's holds); this actor
+    Regret ledger (the table's ``ledger`` settings, ``BanditConfig.ledger_budget`` B and ``ledger_cap`` C):
+    the tuner prices exploration by probabilities and estimates (``explore_p``, the guard's holds); this actor
     bounds what each arm's probes and explorations *actually* cost, per bucket, whatever those estimates say.
     Each arm other than the best has a share of the budget (n = the table's arms less one, as ``explore_p``'s
     shares) and its own balance in seconds: every greedy step adds ``B / n * seconds`` to each (except in a
@@ -1193,24 +1192,27 @@ class TablePolicy:
     subtracts its extra time over plain decoding, ``seconds - committed_tokens * s_off``, where ``s_off`` is
     this actor's seconds per committed token of off in that bucket (an exponential average of its off steps,
     weight ``_LEDGER_ALPHA``, each step capped at twice the average: a GC pause is not a slow arm; the table's
-    ``off_estimate`` until the actor has played off there). An arm probes or explores only while its balance is
-    >= 0 or it is one of the bucket's ``free`` arms (the table's: estimated at least as fast as off,
+    ``off_estimate`` until the actor has played off there). An arm probes or explores only while its balance
+    is >= 0 or it is one of the bucket's ``free`` arms (the table's: estimated at least as fast as off,
     ``BucketedBandit._free``); else the bucket plays its best: its probe waits, an exploration drawn for it is
-    a greedy step (``deferred`` counts those steps). A balance is capped at C off steps of the current batch size, so a long
-    greedy stretch does not bank a burst. So the realized extra time of an arm's non-greedy steps is at most
-    ``B / n`` of the greedy time plus one play and C off steps per bucket, over the actor's life (the balances
-    survive table updates), all arms' together at most ``B`` plus one play and C off steps each, except where
-    the table expects an arm to cost nothing (free), and an arm as fast as off (extra <= 0) is never held
-    back. Why: the tuner's prices come from its windows, and at batch
-    >= 32 they understate a draft's cost 2-3x (the verify of k + 1 tokens per row is compute-bound; the cost
-    floor comes from smaller buckets); measured in lock step on the long-tail benchmark, probes and
-    exploration at batch 32-64 were 6-7.5% of a batch-64 rollout (`238409b`). Why one balance per arm: with one
-    per bucket, the probes of costly arms (a learned drafter at 3-5x off's time per token) kept the bucket in
-    debt, and the cheap arms' explorations waited behind them: on a simulated benchmark-like schedule (default
-    arms, ``suffix-k4`` ~1.2x off at batch 1), batch 1 ran at 0.997x of always-off, its best never promoted;
-    with a balance per arm 1.075x, and with free arms 1.11x (a faster arm's unlucky plays had still put it in
-    debt, repaid only by greedy steps). Without a reference (no off play here, no ``off_estimate``) steps are not
-    priced.
+    a greedy step (``deferred`` counts those steps). A balance is capped at C off steps of the current batch
+    size, so a long greedy stretch does not bank a burst. So the realized extra time of an arm's non-greedy
+    steps is at most ``B / n`` of the greedy time plus one play and C off steps per bucket, over the actor's
+    life (the balances survive table updates), all arms' together at most ``B`` plus one play and C off steps
+    each, except where the table expects an arm to cost nothing (free), and an arm as fast as off (extra <= 0)
+    is never held back. Why: the tuner's prices come from its windows, and at batch >= 32 they understate a
+    draft's cost 2-3x (the verify of k + 1 tokens per row is compute-bound; the cost floor comes from smaller
+    buckets); measured in lock step on the long-tail benchmark, probes and exploration at batch 32-64 were
+    6-7.5% of a batch-64 rollout (`238409b`). Why one balance per arm: with one per bucket, the probes of
+    costly arms (a learned drafter at 3-5x off's time per token) kept the bucket in debt, and the cheap arms'
+    explorations waited behind them: on a simulated benchmark-like schedule (default arms, ``suffix-k4`` ~1.2x
+    off at batch 1), batch 1 ran at 0.997x of always-off, its best never promoted; with a balance per arm
+    1.075x, and with free arms 1.11x (a faster arm's unlucky plays had still put it in debt, repaid only by
+    greedy steps). Without a reference (no off play here, no ``off_estimate``) steps are not priced. Known gap:
+    an arm whose window a streak of poor rollouts left just below off's estimate is not free, and once in debt
+    it waits for its share's slow repayment (at batch 1, 0.2% / 9 of the greedy time: ~10 rollouts of 1,000
+    steps for a few ms of debt) before new plays refresh that window (the rollout-schedule simulation of
+    ``tests/tuner/test_rollout_schedule_sim.py``: 6 of 16 seeds had not found a 1.2x arm by rollout 12).
     """
 
     def __init__(
