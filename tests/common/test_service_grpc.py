@@ -13,6 +13,7 @@ from services.rollout_actor.worker import RolloutRequest, RolloutWorker
 from services.tuner.arms import default_arms
 from services.tuner.bandit import BanditConfig, BucketedBandit
 from services.tuner.grpc_service import TunerClient, table_from_pb, table_to_pb
+from services.tuner.policy import OFF_SAMPLE_EVERY
 from services.tuner.service import TunerService
 
 SAMPLING = dict(temperature=0.9, top_p=1.0, top_k=0, max_new_tokens=24)
@@ -74,8 +75,9 @@ def test_rollout_actor_over_grpc(tiny_policy_dir, tmp_path):
         assert 0 < res.observations_reported <= len(res.steps)
         assert tuner.merged == res.observations_reported  # the tuner got them, over gRPC
         counted = sum(b["observations"] for b in tuner.bandit.stats()["buckets"])
-        # every step counted, but the quiet ones after each batch size's last measured step (<= 7 each)
-        assert len(res.steps) - 7 * len({s.batch_size for s in res.steps}) <= counted <= len(res.steps)
+        # every step counted, but the quiet ones after each batch size's last measured step (< OFF_SAMPLE_EVERY)
+        quiet_max = (OFF_SAMPLE_EVERY - 1) * len({s.batch_size for s in res.steps})
+        assert len(res.steps) - quiet_max <= counted <= len(res.steps)
 
         # a table pushed while the actor decodes is deferred, then installed at the next rollout
         newer = dict(tuner.table(), version=tuner.table()["version"] + 5)

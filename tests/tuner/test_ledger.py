@@ -195,7 +195,7 @@ def test_costly_arms_debts_do_not_starve_a_faster_arm():
     best_speed = model.seconds_per_token(OFF, 1) / model.seconds_per_token(Arm.from_name("suffix-k4-w1"), 1)
     assert best_speed > 1.25
     rng = random.Random(0)
-    # off's window as long in steps as a rollout actor's (its quiet steps: one record per up to 8 off steps)
+    # off's window about as long in steps as a rollout actor's (its quiet steps: one record per several off steps)
     central = BucketedBandit(arms, BanditConfig(seed=0, off_window=4096))
     policy = TablePolicy(central.table(), seed=100)
     speeds = []
