@@ -1344,7 +1344,7 @@ class TablePolicy:
         b = self.buckets[i]
         if b["best"] != OFF.name and i not in self._demoted:
             return 0
-        if any((i, n) not in self._probed and self._may_play(i, n) for n in b.get("probe", ())):
+        if self._next_probe(i, b)[0] is not None:
             return 0
         # a probe whose arm owes the ledger waits: greedy until a measured step credits the run (<= 2 runs later)
         explore = b.get("explore")
@@ -1382,14 +1382,7 @@ class TablePolicy:
             self._forced.discard(batch_size)
         # an arm in debt with the ledger is not played (class docstring): its probe waits, and an exploration
         # drawn for it is a greedy step
-        waiting = False
-        name = None
-        for n in b.get("probe", ()):
-            if (i, n) not in self._probed:
-                if self._may_play(i, n):
-                    name = n
-                    break
-                waiting = True
+        name, waiting = self._next_probe(i, b)
         if name is not None:
             self._probed.add((i, name))
         elif b.get("explore"):
@@ -1477,10 +1470,19 @@ class TablePolicy:
         """Arm ``name``'s balance with bucket ``i``'s regret ledger, in seconds (class docstring): its share of
         the credit since it was last played, less what its plays cost, capped (an arm never played: its share of
         all the credit so far, capped)."""
-        acc = self._accounts[i].get(name)
-        if acc is None:
-            return min(self._credit[i], self._cap[i]) if self._credit[i] > 0 else 0.0
-        return min(acc[0] + self._credit[i] - acc[1], self._cap[i])
+        balance, mark = self._accounts[i].get(name, (0.0, 0.0))
+        return min(balance + self._credit[i] - mark, self._cap[i])
+
+    def _next_probe(self, i: int, b: Mapping[str, Any]) -> tuple[str | None, bool]:
+        """Bucket ``i``'s next probe of this table version that the ledger lets play (None if none), and whether
+        a probe before it waits on its arm's debt."""
+        waiting = False
+        for n in b.get("probe", ()):
+            if (i, n) not in self._probed:
+                if self._may_play(i, n):
+                    return n, waiting
+                waiting = True
+        return None, waiting
 
     def _may_play(self, i: int, name: str) -> bool:
         """Whether the ledger lets arm ``name`` probe or explore in bucket ``i`` now: a balance >= 0, or one of

@@ -32,9 +32,10 @@ Off's reward needs no sample from every step to be known. Why 32 rather than 8: 
 batch 1 (session 14) the tuned policy on a settled all-off table ran at 0.9972 +- 0.0009 of a fixed off policy
 with the same drafters attached with one measured step in 8, and at 0.9998 +- 0.0013 with one in 32: the
 measured steps were most of the policy's cost, and the largest part of the adaptive engine's 0.8% gap to plain
-decoding at batch 1 (the never-worse rounds of the long-tail benchmark). ``update_table``, ``drain_observations`` and
-``drain_choices`` end the runs: ``drain_choices`` counts exactly the steps played, and the quiet steps not yet
-carried ride on the next measured off step at their batch size (the next rollout's, at a drain).
+decoding at batch 1 (the never-worse rounds of the long-tail benchmark). ``update_table``,
+``drain_observations`` and ``drain_choices`` end the runs: ``drain_choices`` counts exactly the steps played,
+and the quiet steps not yet carried ride on the next measured off step at their batch size (the next
+rollout's, at a drain).
 """
 
 from __future__ import annotations
