@@ -171,3 +171,23 @@ def test_logits_match_with_cache_at_grouped_batch(pair, slots):
             assert (out - want[:, start : start + chunk]).abs().max().item() <= 1e-4, (name, start)
             cache.commit(sl, torch.full((len(slots),), chunk))
             start += chunk
+
+
+def test_bfloat16_model_runs_with_cache_and_stays_close_to_float32(pair):
+    """A model cast to bf16 (how GPU rollouts run) keeps every activation in bf16: the float32 rotary tables are
+    cast as transformers does (a bf16 forward with a cache failed in ``o_proj`` with float activations)."""
+    name, ref, ours = pair
+    ids = torch.randint(0, 97, (9, 10), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want = ref(ids).logits
+        bf = ours.to(torch.bfloat16)
+        cache = bf.new_cache(num_slots=9, max_len=16)
+        assert cache.k.dtype == torch.bfloat16
+        sl = torch.arange(9)
+        prefill = bf(ids[:, :8], cache=cache, slots=sl).logits
+        cache.commit(sl, torch.full((9,), 8))
+        step = bf(ids[:, 8:9], cache=cache, slots=sl).logits
+    got = torch.cat([prefill, step], dim=1)
+    assert got.dtype == torch.bfloat16
+    err = (got.float() - want[:, :9]).abs().max().item()
+    assert err <= 0.03 * want.abs().max().item(), (name, err)
