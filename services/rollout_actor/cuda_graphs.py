@@ -39,6 +39,7 @@ are seen by later replays; replaced tensors need ``CudaGraphPool.clear()`` (or a
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
@@ -74,6 +75,7 @@ class GraphPoolStats:
     unbucketed: int = 0  # eager runs whose batch, width or key length fits no bucket
     graphs: int = 0  # graphs held
     captured_bytes: int = 0  # device bytes charged to the held graphs (static inputs + capture growth)
+    capture_seconds: float = 0.0  # wall time of warm-ups and captures (kept or not): one-off, not per step
 
 
 class GraphBackend(Protocol):
@@ -254,7 +256,9 @@ class CudaGraphPool:
             return fn(inputs, kv_need)
         else:
             self.stats.misses += 1
+            t0 = time.perf_counter()
             entry = self._capture(key, fn, inputs, dict(pad or {}))
+            self.stats.capture_seconds += time.perf_counter() - t0
             if entry is None:
                 self._refused.add(key)
                 self.stats.fallbacks += 1

@@ -120,6 +120,7 @@ class StepRecord:
     drafted: int
     accepted: int
     draft_seconds: float
+    capture_seconds: float = 0.0  # part of ``seconds`` spent capturing CUDA graphs (one-off; not observed)
 
 
 @dataclass
@@ -471,6 +472,7 @@ class Engine:
     # ------------------------------------------------------------------ decode / speculate
     def _decode_step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
+        capture0 = self.graphed.pool.stats.capture_seconds if self.graphed is not None else 0.0
         # in slot order: a full batch then occupies consecutive slots and the forward reads the KV cache as a
         # view instead of gathering a copy per layer
         rows = sorted(self.running, key=lambda r: r.slot)
@@ -613,6 +615,7 @@ class Engine:
             if r.finish_reason:
                 finished.append(self._finish(r))
         seconds = time.perf_counter() - t0
+        captured = self.graphed.pool.stats.capture_seconds - capture0 if self.graphed is not None else 0.0
         arm = strategies[0].name if len({s.name for s in strategies}) == 1 else "mixed"
         self.step_log.append(
             StepRecord(
@@ -624,9 +627,12 @@ class Engine:
                 drafted_total,
                 accepted_total,
                 t_draft,
+                captured,
             )
         )
-        self.policy.observe(StepObservation(b, arm, committed_total, drafted_total, accepted_total, seconds))
+        self.policy.observe(
+            StepObservation(b, arm, committed_total, drafted_total, accepted_total, seconds, captured)
+        )
         return finished
 
     def _drafters_of(self, s: Strategy) -> list[Drafter]:

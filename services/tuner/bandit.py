@@ -1425,6 +1425,18 @@ class TablePolicy:
         if not explored and name != OFF.name and self.demote is not None and i not in self._demoted:
             self._observe_best(i, float(committed_tokens), float(seconds))
 
+    def forfeit(self, batch_size: int, arm: Arm | str, seconds: float) -> None:
+        """The step the last ``choose`` drew is no sample: its time was mostly a one-off cost (a CUDA-graph
+        capture, ``seconds`` of it), not the arm's per-step cost. Nothing is recorded; if the step was an
+        exploration, ``seconds`` are charged to the arm's ledger balance: the capture is what exploring cost
+        (with a fresh engine per rollout it recurs every rollout, and the ledger then bounds it)."""
+        last, self._last = self._last, None
+        if not isinstance(last, tuple) or last[0] != batch_size:
+            return  # a greedy off step of a settled bucket (the fast path), or no ``choose`` for it
+        _, i, name, explored = last
+        if explored and name == _arm_name(arm) and self.ledger is not None and not self._settled[i]:
+            self._accounts[i][name] = [self.ledger_balance(i, name) - float(seconds), self._credit[i]]
+
     def _record(
         self, batch_size: int, name: str, tokens: float, seconds: float, explored: bool, steps: int
     ) -> None:

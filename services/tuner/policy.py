@@ -18,6 +18,9 @@ Which seconds (``clock``):
   step times (tests).
 - ``"auto"`` (default): ``"thread"`` when torch sees no CUDA device, else ``"engine"``.
 
+A step that captured a CUDA graph (``StepObservation.capture_seconds`` > 0) is no sample under either clock:
+the capture is a one-off cost of the graph key, not of the arm that first needed it (``observe``).
+
 Quiet steps (``sample_every``, default ``OFF_SAMPLE_EVERY`` = 32): after a greedy off step, the table says how
 many of the next steps at that batch size are certain to be greedy off steps too (``TablePolicy.quiet_run``,
 at most ``sample_every - 1``): all of them where the bucket is settled on off or owes the regret ledger, else
@@ -161,6 +164,17 @@ class TunedStrategyPolicy:
             self._was_quiet = False
             return
         if self._arm is None:
+            return
+        if obs.capture_seconds > 0:
+            # Not a sample: a CUDA-graph capture (tens of ms, once per graph key) is no arm's per-step cost. On an
+            # H200, captured steps (~50 ms among ~1 ms ones) in off's window put its estimate below a drafting
+            # arm 0.7x as fast, which was then played. An off step rides, like a quiet one, on the next measured
+            # off step at its batch size (counts stay exact); a drafting step is counted in ``choices`` only,
+            # and if it explored, the capture is charged to its arm's regret-ledger balance (``forfeit``).
+            self._t0 = None
+            if self._arm.is_off:
+                self._owed[obs.batch_size] = self._owed.get(obs.batch_size, 0) + 1
+            self.table.forfeit(obs.batch_size, self._arm, obs.capture_seconds)
             return
         seconds = obs.seconds
         if self._t0 is not None:

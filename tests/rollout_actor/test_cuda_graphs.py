@@ -14,7 +14,7 @@ from services.rollout_actor.cuda_graphs import (
     kv_len_buckets,
 )
 from services.rollout_actor.engine import Engine, GenerationRequest, SamplingParams
-from services.rollout_actor.model import Transformer, init_weights
+from services.rollout_actor.model import Transformer, _grouped_attention, init_weights
 from services.rollout_actor.speculative.ngram import NgramDrafter
 from services.rollout_actor.speculative.strategy import FixedPolicy, Strategy
 from services.rollout_actor.speculative.suffix_tree import SuffixTreeDrafter
@@ -307,6 +307,35 @@ def test_engine_graph_path_equals_eager_on_cpu(strategy, drafter):
         assert any(k.tree for k in eng.graphed.pool.keys()) == (strategy.tree_width > 1)
 
 
+def test_engine_reports_capture_time_apart_so_the_policy_can_leave_it_out():
+    """A step that captured a graph says how long the capture took (``StepRecord.capture_seconds``, the same in
+    the policy's ``StepObservation``): the one-off cost the tuner must not charge to the step's arm."""
+    m = init_weights(Transformer(tiny_config(vocab_size=16)), seed=0, std=0.5).eval()
+    seen: list = []
+
+    class Recording(FixedPolicy):
+        def observe(self, obs):
+            seen.append(obs)
+
+    backend = FakeGraphBackend()
+    eng = Engine(
+        m,
+        max_batch_size=3,
+        max_seq_len=160,
+        eos_token_ids=[],
+        cuda_graphs=True,
+        graph_backend=backend,
+        policy=Recording(Strategy("ngram", 3)),
+        drafters={"ngram": NgramDrafter()},
+    )
+    eng.generate(_greedy_requests(n=5, max_new=40))
+    captured = [r for r in eng.step_log if r.capture_seconds > 0]
+    assert backend.captures == eng.graphed.pool.stats.captures == len(captured) >= 2
+    assert all(0 < r.capture_seconds <= r.seconds for r in captured)
+    assert [o.capture_seconds for o in seen] == [r.capture_seconds for r in eng.step_log]
+    assert eng.graphed.pool.stats.capture_seconds == pytest.approx(sum(r.capture_seconds for r in captured))
+
+
 def test_engine_refuses_graphs_without_cuda(tiny_model):
     with pytest.raises(ValueError, match="CUDA"):
         Engine(tiny_model, cuda_graphs=True)
@@ -388,6 +417,53 @@ def test_cuda_engine_greedy_with_graphs_equals_without(strategy, drafter):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3)
     assert eng.graphed is not None and eng.graphed.pool.stats.hits > 0
     assert Engine(m, max_batch_size=2).graphed is not None  # on by default on CUDA
+
+
+@pytest.mark.parametrize(
+    "b, heads, kv, t, k_len", [(16, 6, 2, 200, 200), (16, 6, 2, 1, 201), (64, 14, 2, 5, 300)]
+)
+@pytest.mark.gpu
+@requires_cuda
+def test_cuda_grouped_attention_matches_sdpa(b, heads, kv, t, k_len):
+    """The grouped path (batch >= GROUPED_ATTENTION_MIN_BATCH) on CUDA, prefill and decode / verify shapes:
+    CUDA's attention kernels return a non-contiguous output for some of them (a ``view`` failed at 16 x 200)."""
+    g = torch.Generator(device="cuda").manual_seed(b + t)
+    q = torch.randn(b, heads, t, 64, device="cuda", generator=g)
+    k, v = (torch.randn(b, kv, k_len, 64, device="cuda", generator=g) for _ in range(2))
+    causal = torch.ones(t, k_len, dtype=torch.bool, device="cuda").tril(k_len - t)
+    mask = causal.expand(b, 1, t, k_len)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(_grouped_attention(q, k, v, mask), ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_cuda_eager_engine_keeps_attention_off_cudnn():
+    """An eager decode step's key length grows each step, and cuDNN attention plans every new shape (2.2 ms of
+    CPU per call on an H200): the model's attention must not dispatch to it. Control: plain SDPA on the same
+    bf16 shapes does pick cuDNN here (else the check would prove nothing and is skipped)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cfg = tiny_config(
+        vocab_size=64, hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64
+    )
+    m = init_weights(Transformer(cfg), seed=0, std=0.05).eval().cuda().to(torch.bfloat16)
+
+    def cudnn_calls(fn) -> int:
+        with profile(activities=[ProfilerActivity.CPU]) as p:
+            fn()
+            torch.cuda.synchronize()
+        return sum(e.count for e in p.key_averages() if "cudnn_attention" in e.key)
+
+    q = torch.randn(1, 4, 1, 64, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(1, 4, 37, 64, device="cuda", dtype=torch.bfloat16)
+    mask = torch.ones(1, 1, 1, 37, dtype=torch.bool, device="cuda")
+    if cudnn_calls(lambda: torch.nn.functional.scaled_dot_product_attention(q, kv, kv, attn_mask=mask)) == 0:
+        pytest.skip("this GPU / torch does not pick cuDNN attention for these shapes")
+    eng = Engine(m, max_batch_size=2, max_seq_len=96, eos_token_ids=[], cuda_graphs=False)
+    outs = []
+    assert cudnn_calls(lambda: outs.extend(eng.generate(_greedy_requests(n=2, max_new=12)))) == 0
+    assert [len(o.token_ids) for o in outs] == [12, 12]
 
 
 @pytest.mark.gpu

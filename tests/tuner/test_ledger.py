@@ -240,3 +240,36 @@ def test_free_arms_are_those_estimated_at_least_as_fast_as_off_and_reach_the_act
     assert played.count(SUFFIX.name) > 60  # p = 0.5, free: played
     assert played.count(NGRAM.name) == 0  # in debt: deferred
     assert policy.deferred == 200 - played.count(SUFFIX.name)
+
+
+def test_a_forfeited_step_records_nothing_and_charges_an_explorations_capture_to_its_arm():
+    """``forfeit``: the step the last ``choose`` drew is no sample (a CUDA-graph capture took most of it). An
+    explored step's capture seconds go to its arm's ledger balance, so a capture per probe (a fresh engine per
+    rollout on a GPU) waits on the budget like any costly play; a greedy step's capture charges nothing."""
+    probes = [NGRAM.name, SUFFIX.name]
+    policy = TablePolicy(table_with(probe=probes, off_estimate=1 / OFF_S), seed=0)
+    arm = policy.choose(1)
+    assert arm.name == NGRAM.name
+    policy.forfeit(1, arm, 0.05)
+    assert policy.drain_observations() == []
+    assert policy.ledger_balance(0, NGRAM.name) == pytest.approx(-0.05)
+    arm = policy.choose(1)  # the other probe: its balance is its own
+    assert arm.name == SUFFIX.name
+    policy.observe(1, arm, 2.0, 1.5 * OFF_S)
+    assert policy.ledger_balance(0, SUFFIX.name) > 0
+    # greedy steps (off): a capture there is no exploration's cost
+    before = policy.ledger_balance(0, SUFFIX.name)
+    arm = policy.choose(1)
+    assert arm.name == OFF.name
+    policy.forfeit(1, arm, 0.05)
+    assert policy.ledger_balance(0, SUFFIX.name) == pytest.approx(before)
+    assert policy.ledger_balance(0, NGRAM.name) == pytest.approx(-0.05)
+    assert len(policy.drain_observations()) == 1  # only the suffix probe's step
+    # the charged arm waits: 0.05 s of debt at half of 1% of 10 ms greedy steps is ~1,000 steps
+    policy.update(table_with(probe=probes, off_estimate=1 / OFF_S))
+    chosen = []
+    for _ in range(400):
+        a = policy.choose(1)
+        chosen.append(a.name)
+        policy.observe(1, a, *((2.0, 1.5 * OFF_S) if a.name == SUFFIX.name else (1.0, OFF_S)))
+    assert NGRAM.name not in chosen and policy.deferred > 0

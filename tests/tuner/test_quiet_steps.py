@@ -275,3 +275,34 @@ def test_a_bucket_in_debt_is_quiet_and_its_waiting_probe_plays_once_repaid(clock
     obs = policy.drain_observations()
     assert len(obs) < 600 / 6  # mostly quiet
     assert policy.drain_choices() == {OFF.name: 599, "ngram-k3-w1": 1}
+
+
+def test_a_step_that_captured_a_cuda_graph_is_no_sample_and_its_count_rides_on_the_next_off_step():
+    """A CUDA-graph capture (tens of ms, once per graph key) is not the arm's per-step cost: the step is not
+    recorded, and an off step's count (with the quiet steps it owed) rides on the next measured off step."""
+    policy = TunedStrategyPolicy(table(explore=[SUFFIX.name]), clock="engine", sample_every=8, seed=0)
+    policy.update_table(table())
+    reqs = [DraftRequest("r0", "p0", [1, 2, 3], 2, None)]
+
+    def play(capture: float) -> None:
+        s = policy.choose(reqs)[0]
+        policy.observe(StepObservation(1, s.name, 1, 0, 0, 0.002 + capture, capture))
+
+    play(0.0)  # measured, starts a countdown of 7 quiet steps
+    for _ in range(7):
+        play(0.0)
+    play(0.05)  # measured by the schedule, but it captured a graph: no sample; its own countdown starts
+    for _ in range(7):
+        play(0.0)
+    play(0.0)  # the next measured off step carries the captured step and both countdowns
+    assert policy.drain_choices() == {OFF.name: 17}
+    obs = policy.drain_observations()
+    assert [(o["arm"], o["steps"]) for o in obs] == [(OFF.name, 1), (OFF.name, 16)]
+    assert all(o["seconds"] == pytest.approx(0.002) for o in obs)
+
+    # a drafting step that captured is not recorded either (the window keeps only steady-state steps)
+    policy.update_table(table(explore=[SUFFIX.name]))
+    s = policy.choose(reqs)[0]
+    assert s.name != OFF.name
+    policy.observe(StepObservation(1, s.name, 1, 4, 0, 0.06, 0.05))
+    assert policy.drain_observations() == []

@@ -49,6 +49,10 @@ class StepObservation:
     drafted_tokens: int
     accepted_tokens: int
     seconds: float  # draft + verify wall time
+    # part of ``seconds`` spent capturing CUDA graphs: a one-off cost (tens of ms, once per graph key) that a
+    # policy learning per-step speed should leave out, or the arm that happened to need a new graph looks up
+    # to 50x slower than its steady 1 ms steps
+    capture_seconds: float = 0.0
 
 
 class StrategyPolicy(Protocol):
