@@ -844,17 +844,21 @@ def measure_forward_ms(model: Transformer, batch: int, context: int = 256, repea
     """Median wall time (ms) of one decode forward (1 new token per row) at ``batch`` rows with ``context``
     cached tokens each: the target forward a speculative step amortizes."""
     v = model.config.vocab_size
+    dev = next(model.parameters()).device
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     g = torch.Generator().manual_seed(0)
     cache = model.new_cache(batch, context + 8)
-    slots = torch.arange(batch)
-    ids = torch.randint(0, v, (batch, context), generator=g)
+    slots = torch.arange(batch, device=dev)
+    ids = torch.randint(0, v, (batch, context), generator=g).to(dev)
     model(ids, cache=cache, slots=slots, last_only=True)
-    cache.commit(slots, torch.full((batch,), context))
-    one = torch.randint(0, v, (batch, 1), generator=g)
+    cache.commit(slots, torch.full((batch,), context, device=dev))
+    one = torch.randint(0, v, (batch, 1), generator=g).to(dev)
     times = []
     for i in range(repeats + 3):
+        sync()
         t = time.perf_counter()
         model(one, cache=cache, slots=slots)
+        sync()
         if i >= 3:
             times.append(time.perf_counter() - t)
     return statistics.median(times) * 1e3
@@ -879,7 +883,8 @@ def acceptance_ceiling(
         if not out:
             continue
         ids = torch.tensor([prompt + out])
-        logits = model(ids).logits[0, len(prompt) - 1 : len(prompt) + len(out) - 1]
+        dev = next(model.parameters()).device
+        logits = model(ids.to(dev)).logits[0, len(prompt) - 1 : len(prompt) + len(out) - 1].cpu()
         probs = processed_probs(logits, sampling["temperature"], sampling["top_k"], sampling["top_p"])
         pmax = probs.max(-1).values
         pmax_all.append(pmax)
@@ -1711,6 +1716,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--device",
+        default="cpu",
+        help="torch device of the policy and every engine (cuda: decode / verify replayed from CUDA graphs)",
+    )
     ap.add_argument("--out-dir", type=Path, default=OUT_DIR)
     args = ap.parse_args(argv)
     args.batch_sizes = [int(x) for x in str(args.batch_sizes).split(",") if x.strip()]
@@ -1744,7 +1754,10 @@ def run(args: argparse.Namespace) -> dict:
             f"{model_dir}: no model folder (build the default policy with `make base-model`, or pass --model)"
         )
     model_sha = _sha256_16(model_dir / "model.safetensors")
-    model = Transformer.from_pretrained(model_dir).eval()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {args.device}: CUDA is not available on this machine")
+    model = Transformer.from_pretrained(model_dir).to(device).eval()
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     eos = model.config.eos_ids()
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else eos[0]
@@ -2034,6 +2047,9 @@ def run(args: argparse.Namespace) -> dict:
             "model_name": model_dir.name,
             "model_parameters": model.num_parameters(),
             "model_sha256_16": model_sha,
+            "device": str(device)
+            if device.type != "cuda"
+            else f"{device} ({torch.cuda.get_device_name(device)})",
             "group": G,
             "sampling": sampling,
             "batch_sizes": bsz,
