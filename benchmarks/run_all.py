@@ -23,6 +23,8 @@ never compete for the cores:
 4. ``rl_step_e2e``: the end-to-end RL step, adaptive system (cold tuner, and tuner started from a 4-step
    run's state) vs speculation off, 2 rounds of runs in ABBA order (``--quick``: 2 steps, 1 round, a 2-step
    tuner warm-up; ``--full``: 3 rounds).
+5. ``cuda_graphs``: decode with and without CUDA graphs; without CUDA it prints ``skipped: no CUDA`` and keeps
+   a result measured earlier on a GPU, which the summary then shows with the GPU it ran on.
 
 ``summary.md`` concatenates the benchmarks' tables (``rollout_longtail.md``; tables rendered from
 ``drafter_propose_cost.json`` and ``spot_training_effect.json``) with the machine described. A benchmark
@@ -44,7 +46,13 @@ from benchmarks.machine import describe_machine
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-BENCHMARKS = ("spot_training_effect", "rollout_longtail", "drafter_propose_cost", "rl_step_e2e")
+BENCHMARKS = (
+    "spot_training_effect",
+    "rollout_longtail",
+    "drafter_propose_cost",
+    "rl_step_e2e",
+    "cuda_graphs",
+)
 LEARNED_DIR = (
     REPO / "runs" / "bench" / "learned_drafter"
 )  # spot_training_effect -> rollout_longtail --learned
@@ -191,6 +199,31 @@ def e2e_markdown(path: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cuda_graphs_markdown(path: Path) -> str:
+    d = json.loads(path.read_text())
+    head = "## CUDA graphs (`python -m benchmarks.cuda_graphs`)\n\n"
+    if d.get("skipped", True):
+        return head + f"Skipped: {d.get('reason', 'no CUDA')} (no GPU result measured yet).\n"
+    m = d.get("machine", {})
+    lines = [
+        head
+        + f"Measured on {d['gpu']} (CUDA {d.get('cuda_version')}, torch {m.get('torch_version')}; not this "
+        f"machine unless it has that GPU), {d['context']} cached tokens per request; ms per decode step, medians.",
+        "",
+        "| model | batch | forward eager | forward graph | speed-up | engine step eager | engine step graph "
+        "| speed-up | same tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, mod in d["models"].items():
+        for r in mod["rows"]:
+            lines.append(
+                f"| {name} ({mod['dtype']}) | {r['batch']} | {r['forward_eager_ms']:.3f} | "
+                f"{r['forward_graph_ms']:.3f} | {r['forward_speedup']:.2f}x | {r['engine_step_eager_ms']:.3f} | "
+                f"{r['engine_step_graph_ms']:.3f} | {r['engine_speedup']:.2f}x | {r['engine_same_tokens']} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def write_summary(results: Path, status: dict[str, dict]) -> Path:
     m = describe_machine()
     parts = [
@@ -219,6 +252,9 @@ def write_summary(results: Path, status: dict[str, dict]) -> Path:
     e2e = results / "rl_step_e2e.json"
     if "rl_step_e2e" in status and e2e.is_file():
         parts.append(e2e_markdown(e2e))
+    cg = results / "cuda_graphs.json"
+    if "cuda_graphs" in status and cg.is_file():
+        parts.append(cuda_graphs_markdown(cg))
     missing = unregistered()
     if missing:
         parts.append(
@@ -265,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         if name == "rl_step_e2e":
             extra += ["--pairs", "1", "--warm-tuner-steps", "2"] if args.quick else []
             extra += ["--pairs", "3"] if args.full else []
+        if name == "cuda_graphs":
+            extra += ["--out", str(results / "cuda_graphs.json")]
         if name == "drafter_propose_cost":
             extra += ["--out", str(results / "drafter_propose_cost.json")]
             try:
