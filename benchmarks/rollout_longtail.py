@@ -878,13 +878,13 @@ def acceptance_ceiling(
     p_max, the mean probability of the token actually sampled, and oracle_tau."""
     from services.rollout_actor.sampling import processed_probs
 
+    dev = next(model.parameters()).device
     pmax_all, psamp_all, acc = [], [], {k: [] for k in ks}
     for prompt, out in seqs:
         if not out:
             continue
-        ids = torch.tensor([prompt + out])
-        dev = next(model.parameters()).device
-        logits = model(ids.to(dev)).logits[0, len(prompt) - 1 : len(prompt) + len(out) - 1].cpu()
+        ids = torch.tensor([prompt + out], device=dev)
+        logits = model(ids).logits[0, len(prompt) - 1 : len(prompt) + len(out) - 1].cpu()
         probs = processed_probs(logits, sampling["temperature"], sampling["top_k"], sampling["top_p"])
         pmax = probs.max(-1).values
         pmax_all.append(pmax)
