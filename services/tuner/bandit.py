@@ -1435,7 +1435,11 @@ class TablePolicy:
             return  # a greedy off step of a settled bucket (the fast path), or no ``choose`` for it
         _, i, name, explored = last
         if explored and name == _arm_name(arm) and self.ledger is not None and not self._settled[i]:
-            self._accounts[i][name] = [self.ledger_balance(i, name) - float(seconds), self._credit[i]]
+            self._charge(i, name, float(seconds))
+
+    def _charge(self, i: int, name: str, seconds: float) -> None:
+        """Arm ``name``'s ledger balance in bucket ``i`` less ``seconds`` (negative: time it earned back)."""
+        self._accounts[i][name] = [self.ledger_balance(i, name) - seconds, self._credit[i]]
 
     def _record(
         self, batch_size: int, name: str, tokens: float, seconds: float, explored: bool, steps: int
@@ -1469,10 +1473,7 @@ class TablePolicy:
                 return  # no reference to price the step by
             spt = 1.0 / float(est)
         if explored:
-            self._accounts[i][name] = [
-                self.ledger_balance(i, name) - (seconds - tokens * spt),
-                self._credit[i],
-            ]
+            self._charge(i, name, seconds - tokens * spt)
         else:
             budget, cap = self.ledger
             self._credit[i] += budget * seconds * steps / self._shares
