@@ -1264,6 +1264,36 @@ def exploration_regret(runs: list[RunResult], plain: list[RunResult]) -> list[di
     return out
 
 
+def off_step_ratio(runs: list[RunResult], plains: list[RunResult]) -> list[dict]:
+    """Per adaptive lock-step rollout: its off steps' seconds over what the same round's plain engines took per
+    step at the same batch sizes (their mean step time at batch b, the nearest measured batch size if b never
+    occurred): the adaptive engine's cost with nothing to draft, apart from its drafting steps
+    (``exploration_regret``). 1.005 = its off steps ran 0.5% slower than plain's. Returns ``[{rep,
+    batch_size, off_steps_vs_plain, off_steps}]``; rollouts with no off step or no plain of the same round
+    are left out."""
+    out = []
+    for r in runs:
+        per_b: dict[int, list[float]] = {}
+        for p in plains:
+            if p.rep == r.rep and p.batch_size == r.batch_size:
+                for b, sec, _, _ in p.steps:
+                    per_b.setdefault(b, []).append(sec)
+        off = [(b, sec) for b, sec, is_off, _ in r.steps if is_off]
+        if not per_b or not off:
+            continue
+        mean_b = {b: statistics.fmean(v) for b, v in per_b.items()}
+        expected = sum(_nearest(mean_b, b) for b, _ in off)
+        out.append(
+            {
+                "rep": r.rep,
+                "batch_size": r.batch_size,
+                "off_steps_vs_plain": sum(sec for _, sec in off) / expected,
+                "off_steps": len(off),
+            }
+        )
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- outputs
 def _f(x, fmt="{:.2f}"):
     return "-" if x is None else fmt.format(x)
@@ -1440,17 +1470,22 @@ def write_markdown(result: dict, path: Path) -> str:
         for x in nw.get("regret_vs_off") or []:
             if x["regret_vs_off"] is not None:
                 cost.setdefault(str(x["batch_size"]), []).append(x["regret_vs_off"])
+        offr: dict[str, list[float]] = {}
+        for x in nw.get("off_steps_vs_plain") or []:
+            offr.setdefault(str(x["batch_size"]), []).append(x["off_steps_vs_plain"])
         lines += [
             "",
             f"Never worse than plain ({nw['rounds']} lock-step rounds of plain, adaptive and plain-again alone; "
             "`never_worse_table`): ratio = mean of the two plain makespans / adaptive's, per round; mean +- "
             "standard error over rounds; the slowdown bound is the largest slowdown consistent with the rounds "
             "at two standard errors. Drafting steps' cost: the adaptive rollouts' drafting steps' time beyond "
-            "plain's seconds per token, as a share of their decode time (mean over rounds).",
+            "plain's seconds per token, as a share of their decode time (mean over rounds). Off steps vs plain: "
+            "the adaptive rollouts' off steps' time over the same round's plain step times at the same batch "
+            "sizes (`off_step_ratio`; mean over rounds): its cost with nothing to draft.",
             "",
             "| batch | adaptive vs plain (mean +- se) | A/A (mean +- se) | slowdown bound | not worse (point) "
-            "| not worse (2 se) | drafting steps' cost |",
-            "|---:|---|---|---:|---|---|---:|",
+            "| not worse (2 se) | drafting steps' cost | off steps vs plain |",
+            "|---:|---|---|---:|---|---|---:|---:|",
         ]
         for b, v in nw["results"].items():
             se, aa_se = v.get("ratio_se"), v.get("aa_se")
@@ -1459,7 +1494,8 @@ def write_markdown(result: dict, path: Path) -> str:
                 f"| {b} | {v['ratio_mean']:.4f} +- {f(se, '{:.4f}')} | {v['aa_mean']:.4f} +- {f(aa_se, '{:.4f}')} "
                 f"| {f(None if v.get('slowdown_bound') is None else 100 * v['slowdown_bound'], '{:.2f}%')} "
                 f"| {v['not_worse']} | {v.get('not_worse_2se')} "
-                f"| {f(None if not c else 100 * statistics.fmean(c), '{:.2f}%')} |"
+                f"| {f(None if not c else 100 * statistics.fmean(c), '{:.2f}%')} "
+                f"| {f(None if not offr.get(b) else statistics.fmean(offr[b]), '{:.4f}')} |"
             )
     reg = (result.get("adaptive") or {}).get("regret_vs_off") or []
     if reg:
@@ -1994,6 +2030,10 @@ def run(args: argparse.Namespace) -> dict:
             "results": never_worse_table(nw_runs, bsz),
             "regret_vs_off": exploration_regret(
                 [r for r in nw_runs if r.config == ADAPTIVE], [r for r in nw_runs if r.config == PLAIN]
+            ),
+            "off_steps_vs_plain": off_step_ratio(
+                [r for r in nw_runs if r.config == ADAPTIVE],
+                [r for r in nw_runs if r.config in (PLAIN, PLAIN_AGAIN)],
             ),
             "lengths": length_check(nw_runs, [PLAIN, ADAPTIVE, PLAIN_AGAIN]) if nw_runs else None,
         },

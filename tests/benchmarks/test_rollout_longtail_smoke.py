@@ -173,6 +173,23 @@ def test_exploration_regret_prices_drafting_steps_at_plains_time_per_token():
     assert rl.exploration_regret([_run(1, steps)], []) == []
 
 
+def test_off_step_ratio_compares_adaptive_off_steps_with_the_same_rounds_plain_steps():
+    """The adaptive engine's off steps over the same round's plain steps at their batch sizes (both plains'
+    mean; the nearest batch size when one never occurred); drafting steps and other rounds do not count."""
+    plains = [
+        _run(0, [(2, 0.010, True, 2), (4, 0.020, True, 4)], "plain"),
+        _run(0, [(2, 0.012, True, 2), (4, 0.020, True, 4)], "plain-again"),
+        _run(1, [(2, 1.0, True, 2)], "plain"),  # another round: ignored
+    ]
+    steps = [(2, 0.0121, True, 2), (4, 0.0202, True, 4), (4, 0.5, False, 6), (3, 0.0111, True, 3)]
+    (d,) = rl.off_step_ratio([_run(0, steps)], plains)
+    # expected: batch 2 -> 11 ms, batch 4 -> 20 ms, batch 3 -> nearest (2, the lower on a tie) 11 ms
+    assert d["off_steps_vs_plain"] == pytest.approx((0.0121 + 0.0202 + 0.0111) / (0.011 + 0.020 + 0.011))
+    assert (d["rep"], d["off_steps"]) == (0, 3)
+    assert rl.off_step_ratio([_run(2, steps)], plains) == []  # no plain in that round
+    assert rl.off_step_ratio([_run(0, [(2, 0.1, False, 3)])], plains) == []  # no off step
+
+
 def test_exploration_regret_uses_the_same_repetitions_plain_run_when_there_is_one():
     """The machine drifts between repetitions: a plain run of the same repetition (and batch size) is the
     reference; warm-up rollouts (no such run) fall back to every plain run pooled."""
@@ -373,4 +390,10 @@ def test_never_worse_rounds_in_the_result(result):
         assert len(reps) == 2 and min(reps) >= rl.NEVER_WORSE_REP0
         want = [(ms[("plain", k)] + ms[("plain-again", k)]) / 2 / ms[("adaptive", k)] for k in reps]
         assert v["ratio_all"] == [round(x, 4) for x in want]
-    assert "Never worse than plain (2 lock-step rounds" in (out / "rollout_longtail.md").read_text()
+    offr = nw["off_steps_vs_plain"]
+    assert sorted({(d["batch_size"], d["rep"]) for d in offr}) == sorted(
+        (r["batch_size"], r["rep"]) for r in res["runs_never_worse"] if r["config"] == "adaptive"
+    )
+    assert all(0.5 < d["off_steps_vs_plain"] < 2.0 and d["off_steps"] > 0 for d in offr)
+    md = (out / "rollout_longtail.md").read_text()
+    assert "Never worse than plain (2 lock-step rounds" in md and "| off steps vs plain |" in md
