@@ -21,24 +21,26 @@ Which seconds (``clock``):
 A step that captured a CUDA graph (``StepObservation.capture_seconds`` > 0) is no sample under either clock:
 the capture is a one-off cost of the graph key, not of the arm that first needed it (``observe``).
 
-Quiet steps (``sample_every``, default ``OFF_SAMPLE_EVERY`` = 32): after a greedy off step, the table says how
-many of the next steps at that batch size are certain to be greedy off steps too (``TablePolicy.quiet_run``,
-at most ``sample_every - 1``): all of them where the bucket is settled on off or owes the regret ledger, else
-the steps before its next exploration, drawn at once (geometric, the same law as drawing each step); none
-while its best is a drafting arm or a probe is due. Those steps are quiet: they read no
-clock, ask nothing and record nothing; the next measured off step at that batch size carries their count
-(``steps``: the tuner counts them all, the window gets one sample, the ledger credits them at its seconds).
-What that buys: with the caches cold, as they are after a forward pass, the measured path costs ~30-45 us of
-Python per step, ~1% of a 2.3 ms decode step of the benchmark's small model on this CPU (lock step, batch 1:
-the tuned policy on an all-off table ran at 0.988-0.990x of a fixed off policy, with quiet steps 0.997x).
-Off's reward needs no sample from every step to be known. Why 32 rather than 8: in 8 lock-step rounds at
-batch 1 (session 14) the tuned policy on a settled all-off table ran at 0.9972 +- 0.0009 of a fixed off policy
-with the same drafters attached with one measured step in 8, and at 0.9998 +- 0.0013 with one in 32: the
-measured steps were most of the policy's cost, and the largest part of the adaptive engine's 0.8% gap to plain
-decoding at batch 1 (the never-worse rounds of the long-tail benchmark). ``update_table``,
-``drain_observations`` and ``drain_choices`` end the runs: ``drain_choices`` counts exactly the steps played,
-and the quiet steps not yet carried ride on the next measured off step at their batch size (the next
-rollout's, at a drain).
+Quiet steps (``sample_every``, default ``OFF_SAMPLE_EVERY`` = 32): after a measured step, the table says how
+many of the bucket's next steps are certain to be greedy off steps (``TablePolicy.choose_run`` /
+``quiet_run``, at most ``sample_every - 1``): all of them where the bucket is settled on off or owes the regret
+ledger, else the steps before its next exploration that the ledger lets play, drawn at once (geometric, the
+same law as drawing each step; an exploration the ledger holds back is a greedy step like the others); none
+while its best is a drafting arm or a probe is due. Those steps are quiet: they read no clock, ask nothing and
+record nothing; the next measured off step in the bucket carries their count (``steps``: the tuner counts them
+all, the window gets one sample, the ledger credits them at its seconds). A run is the bucket's, whatever the
+batch sizes in it: in the long tail the active batch size changes every few steps (one measured step per
+batch size made 22% of a batch-64 rollout's steps measured). An exploration starts a run too, so the step
+after it need not be measured. What that buys: with the caches cold, as they are after a forward pass, each
+line of Python costs ~0.2-0.3 us (vs ~0.03 us warm), and a measured step costs ~60 us of choosing, ~30 us of
+recording and ~20-90 us of a slower forward pass after it (the never-worse rounds of the long-tail
+benchmark, per-phase timing): ~7% of a 1.9 ms decode step of the benchmark's small model at batch 1, vs
+~0.2% for a quiet step. Off's reward needs no sample from every step to be known. Why 32 rather than 8: in 8
+lock-step rounds at batch 1 (session 14) the tuned policy on a settled all-off table ran at 0.9972 +- 0.0009
+of a fixed off policy with the same drafters attached with one measured step in 8, and at 0.9998 +- 0.0013
+with one in 32. ``update_table``, ``drain_observations`` and ``drain_choices`` end the runs:
+``drain_choices`` counts exactly the steps played, and the quiet steps not yet carried ride on the next
+measured off step in their bucket (the next rollout's, at a drain).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from services.tuner.bandit import TablePolicy
 from services.tuner.budgets import BudgetConfig, LengthBudgets
 
 CLOCKS = ("auto", "thread", "engine")
+OFF_NAME = OFF.name
 OFF_SAMPLE_EVERY = (
     32  # at most 31 quiet steps between two measured off steps at a batch size (module docstring)
 )
@@ -107,24 +110,37 @@ class TunedStrategyPolicy:
         self._t0: float | None = None
         self._arm = None
         self.choices: dict[str, int] = {}  # arm name -> steps it was chosen (this actor, since last drain)
-        # quiet steps: batch size -> quiet steps left before the next measured one; batch size -> quiet steps
-        # the next measured step there stands for (counted in advance, taken back by ``_end_quiet``)
+        # quiet steps, per bucket of the table (its index): quiet steps left before the next measured one; quiet
+        # steps the next measured off step there stands for (counted in advance, taken back by ``_end_quiet``);
+        # batch size -> its bucket
         self._quiet: dict[int, int] = {}
         self._owed: dict[int, int] = {}
+        self._bucket: dict[int, int] = {}
         self._was_quiet = False
 
     def _end_quiet(self) -> None:
         """Take back the quiet steps counted in advance but not played: the next step at each batch size is
         measured, and carries exactly the quiet steps played since the last measured one."""
-        for n, left in self._quiet.items():
+        for i, left in self._quiet.items():
             if left:
-                self._owed[n] -= left
-                self.choices[OFF.name] -= left
+                self._owed[i] -= left
+                self.choices[OFF_NAME] -= left
         self._quiet.clear()
+
+    def _bucket_of(self, n: int) -> int:
+        i = self._bucket.get(n)
+        if i is None:
+            i = self._bucket[n] = self.table.bucket_of(n)
+        return i
 
     def update_table(self, table: Mapping[str, Any]) -> None:
         self._end_quiet()
+        edges = self.table.edges
         self.table.update(table)
+        if self.table.edges != edges:
+            # other buckets: the quiet steps not yet carried are counted (choices) but ride on no observation
+            self._owed.clear()
+            self._bucket.clear()
 
     def record_lengths(self, items: list[tuple[str, int]]) -> None:
         """Finished responses (problem_id, generated tokens): the per-problem length history."""
@@ -132,22 +148,24 @@ class TunedStrategyPolicy:
 
     def choose(self, requests: list[DraftRequest]) -> list[Strategy]:
         n = len(requests)
-        left = self._quiet.get(n)
+        i = self._bucket.get(n)
+        if i is None:
+            i = self._bucket[n] = self.table.bucket_of(n)
+        left = self._quiet.get(i)
         if left:  # a quiet step (module docstring): no clock, no table, nothing recorded
-            self._quiet[n] = left - 1
+            self._quiet[i] = left - 1
             self._was_quiet = True
             return [OFF] * n
         if self.clock == "thread":
             self._t0 = time.thread_time()
-        arm = self.table.choose(n)
+        arm, q = self.table.choose_run(n, self.sample_every - 1)
         self._arm = arm
         self.choices[arm.name] = self.choices.get(arm.name, 0) + 1
+        if q:  # the bucket's next q steps are quiet: counted now, carried by its next measured off step
+            self._quiet[i] = q
+            self._owed[i] = self._owed.get(i, 0) + q
+            self.choices[OFF_NAME] = self.choices.get(OFF_NAME, 0) + q
         if arm.is_off:
-            q = self.table.quiet_run(n, self.sample_every - 1) if self.sample_every > 1 else 0
-            if q:  # the next q steps at n are quiet: counted now, carried by the next measured off step
-                self._quiet[n] = q
-                self._owed[n] = self._owed.get(n, 0) + q
-                self.choices[OFF.name] += q
             return [OFF] * n
         alloc = self.budgets.allocate(
             [
@@ -173,7 +191,8 @@ class TunedStrategyPolicy:
             # and if it explored, the capture is charged to its arm's regret-ledger balance (``forfeit``).
             self._t0 = None
             if self._arm.is_off:
-                self._owed[obs.batch_size] = self._owed.get(obs.batch_size, 0) + 1
+                i = self._bucket_of(obs.batch_size)
+                self._owed[i] = self._owed.get(i, 0) + 1
             self.table.forfeit(obs.batch_size, self._arm, obs.capture_seconds)
             return
         seconds = obs.seconds
@@ -182,14 +201,15 @@ class TunedStrategyPolicy:
             self._t0 = None
             if cpu > 0:  # a clock too coarse to see the step falls back to the engine's wall time
                 seconds = cpu
-        # an off step carries the quiet steps played at its batch size since the last measured one (counted in
+        # an off step carries the quiet steps played in its bucket since the last measured one there (counted in
         # advance when their countdown started; the countdown this step started, if any, is the next one's)
         n, steps = obs.batch_size, 1
-        if n in self._owed and self._arm.is_off:
-            owed = self._owed.pop(n)
-            q = self._quiet.get(n, 0)
+        i = self._bucket_of(n)
+        if i in self._owed and self._arm.is_off:
+            owed = self._owed.pop(i)
+            q = self._quiet.get(i, 0)
             if q:
-                self._owed[n], owed = q, owed - q
+                self._owed[i], owed = q, owed - q
             steps += owed
         self.table.observe(n, self._arm, obs.committed_tokens, seconds, steps=steps)
 

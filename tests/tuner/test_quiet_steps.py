@@ -306,3 +306,50 @@ def test_a_step_that_captured_a_cuda_graph_is_no_sample_and_its_count_rides_on_t
     assert s.name != OFF.name
     policy.observe(StepObservation(1, s.name, 1, 4, 0, 0.06, 0.05))
     assert policy.drain_observations() == []
+
+
+def test_quiet_runs_span_the_batch_sizes_of_a_bucket(clock_reads):
+    """The long tail's active batch size changes every few steps (a request finishes, 64 -> 63 -> ...): a quiet
+    run is the bucket's, not one batch size's, so a new batch size in the same bucket does not cost a measured
+    step. 120 steps at batch sizes 31 down to 16 (edges 1, 4, 16: one bucket, settled on off), 8 steps each:
+    one measured step in 8, as at a fixed batch size (one per batch size before: 16), and every step counted."""
+    policy = TunedStrategyPolicy(table(edges=(1, 4, 16)), clock="thread", sample_every=8)
+    sizes = [31 - j // 8 for j in range(128)]
+    for n in sizes:
+        assert step(policy, n) == OFF.name
+    assert clock_reads[0] == 2 * (128 // 8)
+    assert policy.drain_choices() == {OFF.name: 128}
+    obs = policy.drain_observations()
+    # measured at the first step of every 8: batch sizes 31, 30, ..., 16; each after the first carries the 7
+    # quiet steps before it, whatever their batch sizes
+    assert [o["batch_size"] for o in obs] == list(range(31, 15, -1))
+    assert [o["steps"] for o in obs] == [1] + [8] * 15
+    bandit = BucketedBandit([OFF, SUFFIX], BanditConfig(bucket_edges=[1, 4, 16]))
+    bandit.merge(obs)
+    assert (
+        bandit.stats()["buckets"][2]["observations"] == 121
+    )  # the 7 quiet steps at the end ride on the next
+
+
+def test_an_exploration_the_ledger_holds_back_is_a_quiet_step():
+    """Best off, ``ngram-k3-w1`` explored with p = 0.2 but deep in debt with the ledger: each exploration drawn
+    is a greedy step (``deferred``), and a quiet one: the run goes on to the next draw, so the bucket is
+    measured once in 8 steps, as a settled one (before: every deferred draw ended the run with a measured step,
+    ~1 in 4 here). Once the arm's balance is >= 0 again it explores at the table's rate (its plays cost
+    nothing over off here: same seconds per token)."""
+    t = explore_table({"ngram-k3-w1": 0.2}, ledger={"budget": 0.01, "cap": 2.0})
+    t["buckets"][0]["off_estimate"] = 1 / 0.002
+    policy = TunedStrategyPolicy(t, clock="engine", sample_every=8, seed=1)
+    policy.table._accounts[0]["ngram-k3-w1"] = [-1e6, 0.0]  # not repaid within this test
+    for _ in range(800):
+        assert step(policy, 1) == OFF.name
+    obs = policy.drain_observations()
+    assert len(obs) == 800 // 8 and sum(o["steps"] for o in obs) == 800 - 7
+    sd = (800 * 0.2 * 0.8) ** 0.5
+    assert 0.2 * 800 - 4 * sd < policy.table.deferred < 0.2 * 800 + 4 * sd
+    assert policy.drain_choices() == {OFF.name: 800}
+    policy.table._accounts[0]["ngram-k3-w1"] = [0.0, policy.table._credit[0]]  # repaid
+    for _ in range(4000):
+        step(policy, 1)
+    rate = policy.drain_choices().get("ngram-k3-w1", 0) / 4000
+    assert abs(rate - 0.2) < 4 * (0.2 * 0.8 / 4000) ** 0.5
