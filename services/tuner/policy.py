@@ -21,30 +21,35 @@ Which seconds (``clock``):
 A step that captured a CUDA graph (``StepObservation.capture_seconds`` > 0) is no sample under either clock:
 the capture is a one-off cost of the graph key, not of the arm that first needed it (``observe``).
 
-Quiet steps (``sample_every``, default ``OFF_SAMPLE_EVERY`` = 32): after a measured step, the table says how
+Quiet steps (``sample_every``, default ``OFF_SAMPLE_EVERY`` = 64): after a measured step, the table says how
 many of the bucket's next steps are certain to be greedy off steps (``TablePolicy.choose_run`` /
 ``quiet_run``, at most ``sample_every - 1``): all of them where the bucket is settled on off or owes the regret
 ledger, else the steps before its next exploration that the ledger lets play, drawn at once (geometric, the
 same law as drawing each step; an exploration the ledger holds back is a greedy step like the others); none
 while its best is a drafting arm or a probe is due. Those steps are quiet: they read no clock, ask nothing and
 record nothing; the next measured off step in the bucket carries their count (``steps``: the tuner counts them
-all, the window gets one sample, the ledger credits them at its seconds). A run is the bucket's, whatever the
-batch sizes in it: in the long tail the active batch size changes every few steps (one measured step per
-batch size made 22% of a batch-64 rollout's steps measured). An exploration starts a run too, so the step
-after it need not be measured. What that buys: with the caches cold, as they are after a forward pass, each
-line of Python costs ~0.2-0.3 us (vs ~0.03 us warm), and a measured step costs ~60 us of choosing, ~30 us of
-recording and ~20-90 us of a slower forward pass after it (the never-worse rounds of the long-tail
-benchmark, per-phase timing): ~7% of a 1.9 ms decode step of the benchmark's small model at batch 1, vs
-~0.2% for a quiet step. Off's reward needs no sample from every step to be known. Why 32 rather than 8: in 8
-lock-step rounds at batch 1 (session 14) the tuned policy on a settled all-off table ran at 0.9972 +- 0.0009
-of a fixed off policy with the same drafters attached with one measured step in 8, and at 0.9998 +- 0.0013
-with one in 32. ``update_table``, ``drain_observations`` and ``drain_choices`` end the runs:
-``drain_choices`` counts exactly the steps played, and the quiet steps not yet carried ride on the next
-measured off step in their bucket (the next rollout's, at a drain).
+all, the window gets one sample, the ledger credits them at its seconds). The run is the bucket's, whatever
+the batch sizes in it (in the long tail the active batch size changes every few steps: one measured step per
+batch size made 22% of a batch-64 rollout's steps measured); one run at a time: a step in another bucket ends
+it. An exploration starts a run too, so the step after it need not be measured.
+
+What that buys, measured with per-phase timing of every step in the long-tail benchmark's never-worse rounds
+(session 16): with the caches cold from the forward pass, a measured step cost ~60 us of choosing, ~30 us of
+recording and a forward pass 20-120 us slower after it (a thread-clock read and a few dozen lines of Python
+before a forward slowed it by ~1-1.5% in a separate test), ~7-9% of a 1.4-2.3 ms decode step of the
+benchmark's small model at batch 1-4; a quiet step ~1.5 us (~0.1%). Off's reward needs no sample from every
+step to be known. Why 64: in 8 lock-step rounds at batch 1 (session 14) the tuned policy on a settled all-off
+table ran at 0.9972 +- 0.0009 of a fixed off policy with the same drafters attached with one measured step in
+8, and at 0.9998 +- 0.0013 with one in 32; with the runs above, 128 (tried) left off with so few samples that
+in one of 8 rounds the tuner promoted ``ngram-k3`` at batch 1 (a 0.97x arm) for a whole rollout.
+``update_table``, ``drain_observations`` and ``drain_choices`` end the run: ``drain_choices`` counts exactly
+the steps played, and the quiet steps not yet carried ride on the next measured off step in their bucket (the
+next rollout's, at a drain).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -57,9 +62,7 @@ from services.tuner.budgets import BudgetConfig, LengthBudgets
 
 CLOCKS = ("auto", "thread", "engine")
 OFF_NAME = OFF.name
-OFF_SAMPLE_EVERY = (
-    32  # at most 31 quiet steps between two measured off steps at a batch size (module docstring)
-)
+OFF_SAMPLE_EVERY = 64  # at most 63 quiet steps between two measured off steps in a bucket (module docstring)
 
 
 def resolve_clock(clock: str) -> str:
@@ -84,7 +87,7 @@ class TunedStrategyPolicy:
         budgets: per-class draft budgets and per-step quota (``BudgetConfig``).
         seed: exploration RNG seed (one per actor so actors explore differently).
         clock: how a step's seconds are measured: ``"auto"``, ``"thread"`` or ``"engine"`` (module docstring).
-        sample_every: at most ``sample_every - 1`` quiet steps between two measured off steps at a batch size
+        sample_every: at most ``sample_every - 1`` quiet steps between two measured off steps in a bucket
             (module docstring); 1 measures every step.
 
     Raises:
@@ -110,22 +113,21 @@ class TunedStrategyPolicy:
         self._t0: float | None = None
         self._arm = None
         self.choices: dict[str, int] = {}  # arm name -> steps it was chosen (this actor, since last drain)
-        # quiet steps, per bucket of the table (its index): quiet steps left before the next measured one; quiet
-        # steps the next measured off step there stands for (counted in advance, taken back by ``_end_quiet``);
-        # batch size -> its bucket
-        self._quiet: dict[int, int] = {}
+        # the quiet run (module docstring): steps left, for batch sizes lo <= n < hi (its bucket's), the bucket;
+        # per bucket, the quiet steps its next measured off step stands for (counted in advance when a run
+        # starts, its unplayed steps taken back by ``_end_quiet``); batch size -> its bucket
+        self._left, self._lo, self._hi, self._run_bucket = 0, 0, 0, -1
         self._owed: dict[int, int] = {}
         self._bucket: dict[int, int] = {}
         self._was_quiet = False
 
     def _end_quiet(self) -> None:
-        """Take back the quiet steps counted in advance but not played: the next step at each batch size is
-        measured, and carries exactly the quiet steps played since the last measured one."""
-        for i, left in self._quiet.items():
-            if left:
-                self._owed[i] -= left
-                self.choices[OFF_NAME] -= left
-        self._quiet.clear()
+        """End the quiet run, taking back its steps counted in advance but not played: the bucket's next step is
+        measured, and carries exactly the quiet steps played since its last measured one."""
+        if self._left:
+            self._owed[self._run_bucket] -= self._left
+            self.choices[OFF_NAME] -= self._left
+            self._left = 0
 
     def _bucket_of(self, n: int) -> int:
         i = self._bucket.get(n)
@@ -148,21 +150,23 @@ class TunedStrategyPolicy:
 
     def choose(self, requests: list[DraftRequest]) -> list[Strategy]:
         n = len(requests)
-        i = self._bucket.get(n)
-        if i is None:
-            i = self._bucket[n] = self.table.bucket_of(n)
-        left = self._quiet.get(i)
-        if left:  # a quiet step (module docstring): no clock, no table, nothing recorded
-            self._quiet[i] = left - 1
+        if self._left and self._lo <= n < self._hi:
+            # a quiet step (module docstring): no clock, no table, nothing recorded; as few operations as
+            # possible (every decode step but one in ``sample_every`` takes this path)
+            self._left -= 1
             self._was_quiet = True
             return [OFF] * n
+        self._end_quiet()  # a batch size out of the run's bucket: the run ends here
         if self.clock == "thread":
             self._t0 = time.thread_time()
+        i = self._bucket_of(n)
         arm, q = self.table.choose_run(n, self.sample_every - 1)
         self._arm = arm
         self.choices[arm.name] = self.choices.get(arm.name, 0) + 1
         if q:  # the bucket's next q steps are quiet: counted now, carried by its next measured off step
-            self._quiet[i] = q
+            edges = self.table.edges
+            self._left, self._run_bucket = q, i
+            self._lo, self._hi = edges[i], (edges[i + 1] if i + 1 < len(edges) else math.inf)
             self._owed[i] = self._owed.get(i, 0) + q
             self.choices[OFF_NAME] = self.choices.get(OFF_NAME, 0) + q
         if arm.is_off:
@@ -207,7 +211,7 @@ class TunedStrategyPolicy:
         i = self._bucket_of(n)
         if i in self._owed and self._arm.is_off:
             owed = self._owed.pop(i)
-            q = self._quiet.get(i, 0)
+            q = self._left if self._run_bucket == i else 0
             if q:
                 self._owed[i], owed = q, owed - q
             steps += owed

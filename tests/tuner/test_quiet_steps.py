@@ -353,3 +353,20 @@ def test_an_exploration_the_ledger_holds_back_is_a_quiet_step():
         step(policy, 1)
     rate = policy.drain_choices().get("ngram-k3-w1", 0) / 4000
     assert abs(rate - 0.2) < 4 * (0.2 * 0.8 / 4000) ** 0.5
+
+
+def test_a_run_ends_when_the_batch_size_leaves_its_bucket_and_counts_stay_exact(clock_reads):
+    """One quiet run at a time: a step in another bucket ends it (its unplayed steps are taken back) and is
+    measured; back in the first bucket, the next step is measured and carries the quiet steps played there."""
+    policy = TunedStrategyPolicy(table(edges=(1, 4, 16)), clock="thread", sample_every=8)
+    for n in (20, 17, 30):  # bucket 2: one measured step, a run of 7 starts, 2 of them played
+        step(policy, n)
+    step(policy, 2)  # bucket 0: measured, the bucket-2 run ends with 5 steps unplayed
+    step(policy, 3)  # quiet (bucket 0's run)
+    step(policy, 20)  # measured: ends bucket 0's run, carries bucket 2's 2 quiet steps
+    assert clock_reads[0] == 2 * 3
+    obs = policy.drain_observations()
+    assert [(o["batch_size"], o["steps"]) for o in obs] == [(20, 1), (2, 1), (20, 3)]
+    assert policy.drain_choices() == {OFF.name: 6}
+    step(policy, 3)  # measured (the drain ended the runs), carries bucket 0's quiet step
+    assert [(o["batch_size"], o["steps"]) for o in policy.drain_observations()] == [(3, 2)]
