@@ -8,11 +8,11 @@ drains the records in batches (``drain_observations``) and sends back a newer ta
 
 Which seconds (``clock``):
 
-- ``"thread"``: the decoding thread's CPU time from ``choose`` to ``observe`` (``time.thread_time``: draft +
-  verify + commit, the span of the engine's step). When the model runs on the CPU, that is the step's cost
-  without the time the thread waited for a core: on an oversubscribed machine (other processes, other
-  actors) wall time adds noise that has nothing to do with the arm, and the bandit then mistakes a busy
-  neighbour for a slow arm.
+- ``"thread"``: the decoding thread's CPU time from the end of ``choose``'s decision to ``observe``
+  (``time.thread_time``: a drafting step's budgets, draft, verify and commit). When the model runs on the
+  CPU, that is the step's cost without the time the thread waited for a core: on an oversubscribed machine
+  (other processes, other actors) wall time adds noise that has nothing to do with the arm, and the bandit
+  then mistakes a busy neighbour for a slow arm.
 - ``"engine"``: the wall time the engine measured (``StepObservation.seconds``). Needed when the model runs on
   an accelerator (the CPU thread only launches kernels and waits), and when a caller substitutes modeled
   step times (tests).
@@ -32,6 +32,14 @@ all, the window gets one sample, the ledger credits them at its seconds). The ru
 the batch sizes in it (in the long tail the active batch size changes every few steps: one measured step per
 batch size made 22% of a batch-64 rollout's steps measured); one run at a time: a step in another bucket ends
 it. An exploration starts a run too, so the step after it need not be measured.
+
+Off's sample is the run's first step, not the step that decided the run: that one runs the policy's Python with
+the caches cold (below) and its forward pass is slower after it, so its time overstated off's per-step cost by
+~7% at batch 1 (the quiet steps it stands for cost ~0.1% more than plain decoding), while a drafting arm's
+~1.4x longer step carries the same absolute overhead: off looked ~2% slower than it is next to the arms, and
+in two of the session's benchmark runs the tuner promoted ``ngram-k3`` (0.92-0.97x of off in lock step) at
+batch 1 for one to three whole rollouts. The sample step only reads the clock; it carries the count of the
+bucket's off steps since the previous sample, the deciding one included.
 
 What that buys, measured with per-phase timing of every step in the long-tail benchmark's never-worse rounds
 (session 16): with the caches cold from the forward pass, a measured step cost ~60 us of choosing, ~30 us of
@@ -117,6 +125,8 @@ class TunedStrategyPolicy:
         # per bucket, the quiet steps its next measured off step stands for (counted in advance when a run
         # starts, its unplayed steps taken back by ``_end_quiet``); batch size -> its bucket
         self._left, self._lo, self._hi, self._run_bucket = 0, 0, 0, -1
+        self._sampling = False  # the run's next step is off's sample (module docstring)
+        self._off = None  # the table's off arm, for that sample
         self._owed: dict[int, int] = {}
         self._bucket: dict[int, int] = {}
         self._was_quiet = False
@@ -124,6 +134,7 @@ class TunedStrategyPolicy:
     def _end_quiet(self) -> None:
         """End the quiet run, taking back its steps counted in advance but not played: the bucket's next step is
         measured, and carries exactly the quiet steps played since its last measured one."""
+        self._sampling = False
         if self._left:
             self._owed[self._run_bucket] -= self._left
             self.choices[OFF_NAME] -= self._left
@@ -154,11 +165,15 @@ class TunedStrategyPolicy:
             # a quiet step (module docstring): no clock, no table, nothing recorded; as few operations as
             # possible (every decode step but one in ``sample_every`` takes this path)
             self._left -= 1
+            if self._sampling:  # the run's first step: off's sample (module docstring)
+                self._sampling = False
+                if self.clock == "thread":
+                    self._t0 = time.thread_time()
+                self._arm = self._off
+                return [OFF] * n
             self._was_quiet = True
             return [OFF] * n
         self._end_quiet()  # a batch size out of the run's bucket: the run ends here
-        if self.clock == "thread":
-            self._t0 = time.thread_time()
         i = self._bucket_of(n)
         arm, q = self.table.choose_run(n, self.sample_every - 1)
         self._arm = arm
@@ -170,7 +185,16 @@ class TunedStrategyPolicy:
             self._owed[i] = self._owed.get(i, 0) + q
             self.choices[OFF_NAME] = self.choices.get(OFF_NAME, 0) + q
         if arm.is_off:
+            # counted like the quiet steps: it rides on the bucket's next off sample, which is the run's first
+            # step when a run starts here (this step's own time holds the policy's cold work: module docstring)
+            self._owed[i] = self._owed.get(i, 0) + 1
+            if q:
+                self._off, self._sampling, self._t0, self._was_quiet = arm, True, None, True
+            elif self.clock == "thread":
+                self._t0 = time.thread_time()
             return [OFF] * n
+        if self.clock == "thread":
+            self._t0 = time.thread_time()
         alloc = self.budgets.allocate(
             [
                 (r.request_id, r.problem_id, arm.max_draft_tokens, len(r.token_ids) - r.num_prompt_tokens)
@@ -193,10 +217,7 @@ class TunedStrategyPolicy:
             # arm 0.7x as fast, which was then played. An off step rides, like a quiet one, on the next measured
             # off step at its batch size (counts stay exact); a drafting step is counted in ``choices`` only,
             # and if it explored, the capture is charged to its arm's regret-ledger balance (``forfeit``).
-            self._t0 = None
-            if self._arm.is_off:
-                i = self._bucket_of(obs.batch_size)
-                self._owed[i] = self._owed.get(i, 0) + 1
+            self._t0 = None  # an off step's count is in ``_owed`` already: it rides on the next off sample
             self.table.forfeit(obs.batch_size, self._arm, obs.capture_seconds)
             return
         seconds = obs.seconds
@@ -205,16 +226,16 @@ class TunedStrategyPolicy:
             self._t0 = None
             if cpu > 0:  # a clock too coarse to see the step falls back to the engine's wall time
                 seconds = cpu
-        # an off step carries the quiet steps played in its bucket since the last measured one there (counted in
-        # advance when their countdown started; the countdown this step started, if any, is the next one's)
+        # an off sample carries the bucket's off steps played since its last one, itself included (counted in
+        # advance); the steps of the run still to play are the next one's
         n, steps = obs.batch_size, 1
-        i = self._bucket_of(n)
-        if i in self._owed and self._arm.is_off:
-            owed = self._owed.pop(i)
-            q = self._left if self._run_bucket == i else 0
-            if q:
-                self._owed[i], owed = q, owed - q
-            steps += owed
+        if self._arm.is_off:
+            i = self._bucket_of(n)
+            owed = self._owed.pop(i, 1)
+            left = self._left if self._run_bucket == i else 0
+            if left:
+                self._owed[i] = left
+            steps = owed - left
         self.table.observe(n, self._arm, obs.committed_tokens, seconds, steps=steps)
 
     def drain_observations(self) -> list[dict]:

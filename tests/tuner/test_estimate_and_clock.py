@@ -108,7 +108,7 @@ def _burn(seconds: float) -> None:
 
 
 def test_thread_clock_reports_cpu_time_not_waiting():
-    policy = TunedStrategyPolicy(_table("off"), clock="thread")
+    policy = TunedStrategyPolicy(_table("off"), clock="thread", sample_every=1)  # every step a sample
     assert policy.clock == "thread"
     waited = _step(policy, lambda: time.sleep(0.05))  # no CPU: a step that only waited for a core
     assert 0 < waited["seconds"] < 0.03

@@ -72,28 +72,30 @@ def test_settled_off_buckets_measure_one_step_in_k_and_count_every_step(clock_re
         assert step(policy, 1) == OFF.name
     for _ in range(37):
         step(policy, 5)
-    # measured: steps 1, 9, ..., 97 at batch 1 (13) and 1, 9, ..., 33 at batch 5 (5); two clock reads each
+    # decided (a run of 7 starts, no clock): steps 1, 9, ..., 97 at batch 1 and 1, 9, ..., 33 at batch 5; off's
+    # samples are the runs' first steps, 2, 10, ..., 98 (13) and 2, 10, ..., 34 (5): two clock reads each
     assert clock_reads[0] == 2 * (13 + 5)
     assert policy.drain_choices() == {OFF.name: 137}  # quiet steps counted exactly
     obs = policy.drain_observations()
     assert len(obs) == 18
     assert all(o["arm"] == OFF.name and o["seconds"] > 0 for o in obs)
     by_b = {b: [o["steps"] for o in obs if o["batch_size"] == b] for b in (1, 5)}
-    # the first measured step stands for itself; each later one for itself and the 7 quiet steps before it;
-    # the quiet steps after the last measured one (98-100 at batch 1, 34-37 at batch 5) ride on the next
-    assert by_b[1] == [1] + [8] * 12 and by_b[5] == [1] + [8] * 4
-    step(policy, 1)  # measured (the drain ended the countdowns), carrying batch 1's 3 quiet steps
-    step(policy, 5)
+    # the first sample stands for itself and the step that decided its run; each later one for the 8 steps
+    # since the previous one; the steps after the last sample (99-100 at batch 1, 35-37 at batch 5) ride on
+    # the next
+    assert by_b[1] == [2] + [8] * 12 and by_b[5] == [2] + [8] * 4
+    for b in (1, 1, 5, 5):  # a decision (the drain ended the runs) and a sample in each bucket
+        step(policy, b)
     assert [(o["batch_size"], o["steps"]) for o in policy.drain_observations()] == [(1, 4), (5, 5)]
-    assert policy.drain_choices() == {OFF.name: 2}
-    # the tuner counts every step it was told of: 97 + 1 at batch 1 (bucket 0), 33 at batch 5 (bucket 1)
+    assert policy.drain_choices() == {OFF.name: 4}
+    # the tuner counts every step it was told of: 98 + 1 at batch 1 (bucket 0), 34 at batch 5 (bucket 1)
     bandit = BucketedBandit([OFF, SUFFIX], BanditConfig(bucket_edges=[1, 4]))
     bandit.merge(
         obs + [{"batch_size": 1, "arm": "off", "committed_tokens": 1.0, "seconds": 0.002, "steps": 1}]
     )
     stats = bandit.stats()["buckets"]
-    assert stats[0]["observations"] == 97 + 1 and stats[1]["observations"] == 33
-    assert stats[0]["arms"]["off"]["n"] == 14 and stats[0]["arms"]["off"]["chosen"] == 98
+    assert stats[0]["observations"] == 98 + 1 and stats[1]["observations"] == 34
+    assert stats[0]["arms"]["off"]["n"] == 14 and stats[0]["arms"]["off"]["chosen"] == 99
 
 
 def test_sample_every_one_measures_every_step(clock_reads):
@@ -107,7 +109,7 @@ def test_sample_every_one_measures_every_step(clock_reads):
 
 def test_explored_steps_are_measured_and_quiet_steps_ride_on_off_only(clock_reads):
     policy = TunedStrategyPolicy(table(), clock="thread", sample_every=8)
-    for _ in range(12):  # measured: 1 and 9; steps 10-12 quiet
+    for _ in range(12):  # decided: 1 and 9; samples: 2 and 10; steps 11-12 quiet
         step(policy, 1)
     # a table that explores the suffix arm at batch 1 with p = 1: every step there is measured
     policy.update_table(table(explore=[SUFFIX.name]))
@@ -117,10 +119,11 @@ def test_explored_steps_are_measured_and_quiet_steps_ride_on_off_only(clock_read
     assert clock_reads[0] - reads == 12
     assert policy.drain_choices() == {OFF.name: 12, SUFFIX.name: 6}
     obs = policy.drain_observations()
-    assert [(o["arm"], o["steps"]) for o in obs] == [(OFF.name, 1), (OFF.name, 8)] + [(SUFFIX.name, 1)] * 6
+    assert [(o["arm"], o["steps"]) for o in obs] == [(OFF.name, 2), (OFF.name, 8)] + [(SUFFIX.name, 1)] * 6
     assert all(o["explored"] for o in obs[2:])
-    # back to an all-off table: the 3 quiet steps of the first countdown ride on the next off step
+    # back to an all-off table: the 2 quiet steps of the second run ride on the next off sample
     policy.update_table(table())
+    step(policy, 1)
     step(policy, 1)
     ((ob),) = policy.drain_observations()
     assert ob["arm"] == OFF.name and ob["steps"] == 4
@@ -128,16 +131,16 @@ def test_explored_steps_are_measured_and_quiet_steps_ride_on_off_only(clock_read
 
 def test_a_table_update_mid_countdown_keeps_counts_exact():
     policy = TunedStrategyPolicy(table(), clock="engine", sample_every=8)
-    for _ in range(4):  # 1 measured, 3 quiet of a countdown of 7
+    for _ in range(4):  # decided, sampled (carrying 2), 2 quiet of a run of 7
         step(policy, 1)
     policy.update_table(table())
     assert policy.drain_choices() == {OFF.name: 4}
-    for _ in range(9):  # measured (carrying 3), 7 quiet, measured
+    for _ in range(10):  # decided, sampled (carrying 4), 6 quiet, decided, sampled (carrying 8)
         step(policy, 1)
-    assert policy.drain_choices() == {OFF.name: 9}
+    assert policy.drain_choices() == {OFF.name: 10}
     steps = [o["steps"] for o in policy.drain_observations()]
-    assert steps == [1, 4, 8]  # the countdown the last measured step started has played nothing yet
-    assert sum(steps) == 13
+    assert steps == [2, 4, 8]  # the run the last sample is in has played nothing more yet
+    assert sum(steps) == 14
 
 
 def test_steps_survive_the_grpc_round_trip_and_are_validated():
@@ -279,7 +282,7 @@ def test_a_bucket_in_debt_is_quiet_and_its_waiting_probe_plays_once_repaid(clock
 
 def test_a_step_that_captured_a_cuda_graph_is_no_sample_and_its_count_rides_on_the_next_off_step():
     """A CUDA-graph capture (tens of ms, once per graph key) is not the arm's per-step cost: the step is not
-    recorded, and an off step's count (with the quiet steps it owed) rides on the next measured off step."""
+    recorded, and an off step's count (with the quiet steps it owed) rides on the next off sample."""
     policy = TunedStrategyPolicy(table(explore=[SUFFIX.name]), clock="engine", sample_every=8, seed=0)
     policy.update_table(table())
     reqs = [DraftRequest("r0", "p0", [1, 2, 3], 2, None)]
@@ -288,16 +291,15 @@ def test_a_step_that_captured_a_cuda_graph_is_no_sample_and_its_count_rides_on_t
         s = policy.choose(reqs)[0]
         policy.observe(StepObservation(1, s.name, 1, 0, 0, 0.002 + capture, capture))
 
-    play(0.0)  # measured, starts a countdown of 7 quiet steps
-    for _ in range(7):
+    play(0.0)  # decided: a run of 7 quiet steps starts
+    play(0.05)  # the run's first step, off's sample, but it captured a graph: no sample
+    for _ in range(6):
         play(0.0)
-    play(0.05)  # measured by the schedule, but it captured a graph: no sample; its own countdown starts
-    for _ in range(7):
-        play(0.0)
-    play(0.0)  # the next measured off step carries the captured step and both countdowns
-    assert policy.drain_choices() == {OFF.name: 17}
+    play(0.0)  # decided: the next run starts
+    play(0.0)  # its first step: the sample carries every step so far, the captured one included
+    assert policy.drain_choices() == {OFF.name: 10}
     obs = policy.drain_observations()
-    assert [(o["arm"], o["steps"]) for o in obs] == [(OFF.name, 1), (OFF.name, 16)]
+    assert [(o["arm"], o["steps"]) for o in obs] == [(OFF.name, 10)]
     assert all(o["seconds"] == pytest.approx(0.002) for o in obs)
 
     # a drafting step that captured is not recorded either (the window keeps only steady-state steps)
@@ -320,15 +322,14 @@ def test_quiet_runs_span_the_batch_sizes_of_a_bucket(clock_reads):
     assert clock_reads[0] == 2 * (128 // 8)
     assert policy.drain_choices() == {OFF.name: 128}
     obs = policy.drain_observations()
-    # measured at the first step of every 8: batch sizes 31, 30, ..., 16; each after the first carries the 7
-    # quiet steps before it, whatever their batch sizes
+    # sampled at the second step of every 8: batch sizes 31, 30, ..., 16; the first carries 2 steps, each later
+    # one the 8 steps since the previous one, whatever their batch sizes
     assert [o["batch_size"] for o in obs] == list(range(31, 15, -1))
-    assert [o["steps"] for o in obs] == [1] + [8] * 15
+    assert [o["steps"] for o in obs] == [2] + [8] * 15
     bandit = BucketedBandit([OFF, SUFFIX], BanditConfig(bucket_edges=[1, 4, 16]))
     bandit.merge(obs)
-    assert (
-        bandit.stats()["buckets"][2]["observations"] == 121
-    )  # the 7 quiet steps at the end ride on the next
+    # the 6 quiet steps at the end ride on the next sample
+    assert bandit.stats()["buckets"][2]["observations"] == 122
 
 
 def test_an_exploration_the_ledger_holds_back_is_a_quiet_step():
@@ -344,7 +345,7 @@ def test_an_exploration_the_ledger_holds_back_is_a_quiet_step():
     for _ in range(800):
         assert step(policy, 1) == OFF.name
     obs = policy.drain_observations()
-    assert len(obs) == 800 // 8 and sum(o["steps"] for o in obs) == 800 - 7
+    assert len(obs) == 800 // 8 and sum(o["steps"] for o in obs) == 800 - 6
     sd = (800 * 0.2 * 0.8) ** 0.5
     assert 0.2 * 800 - 4 * sd < policy.table.deferred < 0.2 * 800 + 4 * sd
     assert policy.drain_choices() == {OFF.name: 800}
@@ -356,17 +357,18 @@ def test_an_exploration_the_ledger_holds_back_is_a_quiet_step():
 
 
 def test_a_run_ends_when_the_batch_size_leaves_its_bucket_and_counts_stay_exact(clock_reads):
-    """One quiet run at a time: a step in another bucket ends it (its unplayed steps are taken back) and is
-    measured; back in the first bucket, the next step is measured and carries the quiet steps played there."""
+    """One quiet run at a time: a step in another bucket ends it (its unplayed steps are taken back) and decides
+    a run there; back in the first bucket, its next sample carries the steps played there since its last one."""
     policy = TunedStrategyPolicy(table(edges=(1, 4, 16)), clock="thread", sample_every=8)
-    for n in (20, 17, 30):  # bucket 2: one measured step, a run of 7 starts, 2 of them played
+    for n in (20, 17, 30):  # bucket 2: decided, sampled (carrying 2), 1 quiet step of the run of 7
         step(policy, n)
-    step(policy, 2)  # bucket 0: measured, the bucket-2 run ends with 5 steps unplayed
-    step(policy, 3)  # quiet (bucket 0's run)
-    step(policy, 20)  # measured: ends bucket 0's run, carries bucket 2's 2 quiet steps
-    assert clock_reads[0] == 2 * 3
+    step(policy, 2)  # bucket 0: the bucket-2 run ends with 5 steps unplayed; a run is decided here
+    step(policy, 3)  # its sample (carrying 2)
+    step(policy, 20)  # bucket 2: bucket 0's run ends; decided
+    assert clock_reads[0] == 2 * 2
     obs = policy.drain_observations()
-    assert [(o["batch_size"], o["steps"]) for o in obs] == [(20, 1), (2, 1), (20, 3)]
+    assert [(o["batch_size"], o["steps"]) for o in obs] == [(17, 2), (3, 2)]
     assert policy.drain_choices() == {OFF.name: 6}
-    step(policy, 3)  # measured (the drain ended the runs), carries bucket 0's quiet step
-    assert [(o["batch_size"], o["steps"]) for o in policy.drain_observations()] == [(3, 2)]
+    step(policy, 20)  # decided (the drain ended the run)
+    step(policy, 25)  # sampled: carries bucket 2's quiet step at 30, the two decisions and itself
+    assert [(o["batch_size"], o["steps"]) for o in policy.drain_observations()] == [(25, 4)]
