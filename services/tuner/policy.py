@@ -27,8 +27,8 @@ many of the bucket's next steps are certain to be greedy off steps (``TablePolic
 ledger, else the steps before its next exploration that the ledger lets play, drawn at once (geometric, the
 same law as drawing each step; an exploration the ledger holds back is a greedy step like the others); none
 while its best is a drafting arm or a probe is due. Those steps are quiet: they read no clock, ask nothing and
-record nothing; the next measured off step in the bucket carries their count (``steps``: the tuner counts them
-all, the window gets one sample, the ledger credits them at its seconds). The run is the bucket's, whatever
+record nothing; the bucket's next off sample carries their count (``steps``: the tuner counts them all, the
+window gets one sample, the ledger credits them at its seconds). The run is the bucket's, whatever
 the batch sizes in it (in the long tail the active batch size changes every few steps: one measured step per
 batch size made 22% of a batch-64 rollout's steps measured); one run at a time: a step in another bucket ends
 it. An exploration starts a run too, so the step after it need not be measured.
@@ -51,8 +51,8 @@ table ran at 0.9972 +- 0.0009 of a fixed off policy with the same drafters attac
 8, and at 0.9998 +- 0.0013 with one in 32; with the runs above, 128 (tried) left off with so few samples that
 in one of 8 rounds the tuner promoted ``ngram-k3`` at batch 1 (a 0.97x arm) for a whole rollout.
 ``update_table``, ``drain_observations`` and ``drain_choices`` end the run: ``drain_choices`` counts exactly
-the steps played, and the quiet steps not yet carried ride on the next measured off step in their bucket (the
-next rollout's, at a drain).
+the steps played, and the quiet steps not yet carried ride on the next off sample in their bucket (the next
+rollout's, at a drain).
 """
 
 from __future__ import annotations
@@ -214,8 +214,8 @@ class TunedStrategyPolicy:
         if obs.capture_seconds > 0:
             # Not a sample: a CUDA-graph capture (tens of ms, once per graph key) is no arm's per-step cost. On an
             # H200, captured steps (~50 ms among ~1 ms ones) in off's window put its estimate below a drafting
-            # arm 0.7x as fast, which was then played. An off step rides, like a quiet one, on the next measured
-            # off step at its batch size (counts stay exact); a drafting step is counted in ``choices`` only,
+            # arm 0.7x as fast, which was then played. An off step rides, like a quiet one, on the bucket's next
+            # off sample (counts stay exact); a drafting step is counted in ``choices`` only,
             # and if it explored, the capture is charged to its arm's regret-ledger balance (``forfeit``).
             self._t0 = None  # an off step's count is in ``_owed`` already: it rides on the next off sample
             self.table.forfeit(obs.batch_size, self._arm, obs.capture_seconds)
