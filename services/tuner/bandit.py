@@ -163,7 +163,8 @@ went from 2.1% to 3.0% over the oracle, batch 1's best found in 12 of 12 seeds (
 each arm is no longer serialized behind the others). 0.1% (the default since session 16: in the benchmark's
 never-worse rounds, where off is the best arm, the drafting steps still cost 0.2-0.45% at batch 1-16 with
 0.2%): the same simulation (16 seeds, rollouts 5-12) 1.133 / 1.024 / 1.008 / 1.004 (0.2%: 1.110 / 1.042 /
-1.010 / 1.007), weak drafters 0.998 / 0.999 / 1.000 / 1.000; batch 1's gain (>= 1.05) found in 9 of 16 seeds (0.2%: 5).
+1.010 / 1.007), weak drafters 0.998 / 0.999 / 1.000 / 1.000; batch 1's gain (>= 1.05) found in 9 of 16
+seeds (0.2%: 5).
 
 Beyond BEG-MAB: an explicit ``off`` baseline with a statistical, cost-aware regret guard; exploration priced
 by a regret budget; probation with exponential backoff; untried/probe scheduling; a stall-capped throughput
@@ -527,6 +528,11 @@ def _bucket_index(edges: Sequence[int], batch_size: int) -> int:
     return max(bisect.bisect_right(edges, batch_size) - 1, 0)
 
 
+def _bucket_range(edges: Sequence[int], bucket: int) -> tuple[int, int | None]:
+    """``(lo, hi)``: bucket ``bucket`` holds ``lo <= batch_size < hi`` (``hi`` None = no upper bound)."""
+    return edges[bucket], (edges[bucket + 1] if bucket + 1 < len(edges) else None)
+
+
 def _draw(names: Sequence[str], probs: Sequence[float], u: float) -> str | None:
     """The name whose probability interval holds the uniform ``u`` (intervals laid end to end from 0), or None
     when ``u`` lies beyond them all (probability ``1 - sum(probs)``)."""
@@ -564,7 +570,7 @@ class BucketedBandit:
 
     def bucket_range(self, bucket: int) -> tuple[int, int | None]:
         """``(lo, hi)``: the bucket holds ``lo <= batch_size < hi`` (``hi`` None = no upper bound)."""
-        return self.edges[bucket], (self.edges[bucket + 1] if bucket + 1 < len(self.edges) else None)
+        return _bucket_range(self.edges, bucket)
 
     def arm(self, name: str) -> Arm:
         try:
@@ -1328,6 +1334,10 @@ class TablePolicy:
     def bucket_of(self, batch_size: int) -> int:
         return _bucket_index(self.edges, batch_size)
 
+    def bucket_range(self, bucket: int) -> tuple[int, int | None]:
+        """``(lo, hi)``: the bucket holds ``lo <= batch_size < hi`` (``hi`` None = no upper bound)."""
+        return _bucket_range(self.edges, bucket)
+
     def _explore_probs(self, b: Mapping[str, Any]) -> Sequence[float]:
         """Per-step probability of each of bucket ``b``'s ``explore`` arms: the table's ``explore_p``, or
         ``epsilon / n`` each (an ``epsilon`` given here, or a table without ``explore_p``)."""
@@ -1404,7 +1414,8 @@ class TablePolicy:
         once (the same law), with no bucket lookup, probe scan or probability sum. Why: with the caches cold
         from the forward pass, the measured step's Python is slow (``choose`` + ``quiet_run`` took ~28 + 22 us
         per measured off step in the long-tail benchmark's never-worse rounds), and with one step in 14-22
-        measured that was ~0.2% of decode time at batch 1 and 4; the short path took ~20-25 us. Returns ``(arm, quiet steps after this one)``."""
+        measured that was ~0.2% of decode time at batch 1 and 4; the short path took ~20-25 us. Returns
+        ``(arm, quiet steps after this one)``."""
         arm = self._fast.get(batch_size)
         if arm is not None:
             self._last = batch_size

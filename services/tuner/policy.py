@@ -179,9 +179,8 @@ class TunedStrategyPolicy:
         self._arm = arm
         self.choices[arm.name] = self.choices.get(arm.name, 0) + 1
         if q:  # the bucket's next q steps are quiet: counted now, carried by its next measured off step
-            edges = self.table.edges
-            self._left, self._run_bucket = q, i
-            self._lo, self._hi = edges[i], (edges[i + 1] if i + 1 < len(edges) else math.inf)
+            lo, hi = self.table.bucket_range(i)
+            self._left, self._run_bucket, self._lo, self._hi = q, i, lo, math.inf if hi is None else hi
             self._owed[i] = self._owed.get(i, 0) + q
             self.choices[OFF_NAME] = self.choices.get(OFF_NAME, 0) + q
         if arm.is_off:
