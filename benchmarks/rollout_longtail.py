@@ -246,7 +246,8 @@ class RunResult:
     strategies: dict[str, int] = field(default_factory=dict)
     note: str = ""
     digests: list[str] = field(default_factory=list)  # per request (workload order): hash of its token ids
-    steps: list[tuple[int, float, bool, int]] = field(default_factory=list)  # (batch, s, off?, committed)
+    # (batch, seconds, off?, committed, leased?: played under the policy's lease, not asked about)
+    steps: list[tuple[int, float, bool, int, bool]] = field(default_factory=list)
 
     @property
     def tokens(self) -> int:
@@ -337,25 +338,6 @@ def learned_gate(learned: Path | None, min_top1: float) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- tailspec
-class ClockedPolicy:
-    """Wraps a ``StrategyPolicy`` and records each decode step's CPU time (process time from ``choose`` to
-    ``observe``: draft + verify, the span of ``StepRecord.seconds``) next to its active batch size, so the
-    long-tail phase can also be measured in CPU time (robust to other processes on a shared machine)."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.steps: list[tuple[int, float, int]] = []  # (batch size, cpu seconds, committed tokens)
-        self._c = 0.0
-
-    def choose(self, requests):
-        self._c = time.process_time()
-        return self.inner.choose(requests)
-
-    def observe(self, obs) -> None:
-        self.steps.append((obs.batch_size, time.process_time() - self._c, obs.committed_tokens))
-        self.inner.observe(obs)
-
-
 class TailspecRunner:
     """Runs one rollout of a workload with one configuration on the tailspec engine."""
 
@@ -434,7 +416,8 @@ class TailspecRunner:
         return len(obs)
 
     def _engine(self, config: str, workload: Workload, rep: int, own_learned: bool = False):
-        """The engine, clocked policy and inner policy of one rollout of ``config``. ``own_learned``: a
+        """The engine and policy of one rollout of ``config`` (each decode step's CPU time recorded:
+        ``Engine(cpu_clock=True)``, for the long-tail phase in CPU time). ``own_learned``: a
         private copy of the learned drafter (engines decoding side by side must not share its generator)."""
         hidden_layers: tuple = ()
         plain = config in (PLAIN, PLAIN_AGAIN)
@@ -451,20 +434,20 @@ class TailspecRunner:
             drafters = {strat.drafter: drafters[strat.drafter]}
         if "learned" in drafters:
             hidden_layers = self.learned.required_hidden_layers
-        clock = ClockedPolicy(policy)
         eng = Engine(
             self.model,
             max_batch_size=workload.batch_size,
             max_seq_len=self.max_seq_len,
             drafters=drafters,
-            policy=clock,
+            policy=policy,
+            cpu_clock=True,
             hidden_layers=hidden_layers,
         )
-        return eng, clock, policy
+        return eng, policy
 
-    def _finish(self, config, workload, rep, makespan, cpu, outs, eng, clock, policy) -> RunResult:
+    def _finish(self, config, workload, rep, makespan, cpu, outs, eng, policy) -> RunResult:
         res = self._result(config, workload.batch_size, rep, makespan, cpu, outs, eng.step_log)
-        lt_cpu = [c for bs, c, _ in clock.steps if bs <= self.longtail_batch]
+        lt_cpu = [s.cpu_seconds for s in eng.step_log if s.batch_size <= self.longtail_batch]
         res.longtail_cpu_s = sum(lt_cpu) if lt_cpu else None
         if config == ADAPTIVE:
             res.strategies = self.adaptive.drain_choices()
@@ -474,7 +457,7 @@ class TailspecRunner:
         return res
 
     def run(self, config: str, workload: Workload, sampling: dict, seed: int, rep: int) -> RunResult:
-        eng, clock, policy = self._engine(config, workload, rep)
+        eng, policy = self._engine(config, workload, rep)
         reqs = workload.requests(sampling, seed)
         gc.collect()
         c0, t0 = time.process_time(), time.perf_counter()
@@ -482,7 +465,7 @@ class TailspecRunner:
         makespan, cpu = time.perf_counter() - t0, time.process_time() - c0
         if config == PLAIN and len(self.plain_samples) < 256:
             self.plain_samples += [(o.prompt_ids, o.token_ids) for o in outs]
-        return self._finish(config, workload, rep, makespan, cpu, outs, eng, clock, policy)
+        return self._finish(config, workload, rep, makespan, cpu, outs, eng, policy)
 
     def run_lockstep(
         self, configs: list[str], workload: Workload, sampling: dict, seed: int, rep: int
@@ -552,9 +535,9 @@ class TailspecRunner:
             gc.collect()
         results = []
         for c in configs:
-            eng, clock, policy = built[c]
+            eng, policy = built[c]
             outs = [done[c][r.request_id] for r in reqs[c]]
-            res = self._finish(c, workload, rep, spent[c], cpu[c], outs, eng, clock, policy)
+            res = self._finish(c, workload, rep, spent[c], cpu[c], outs, eng, policy)
             res.finish_s, res.timeline = [], []
             res.note = "lock step"
             results.append(res)
@@ -589,7 +572,7 @@ class TailspecRunner:
             committed=sum(s.committed for s in steps),
             timeline=[(s.t_start, s.batch_size) for s in steps],
             digests=[token_digest(o.token_ids) for o in outs],
-            steps=[(s.batch_size, s.seconds, s.strategy == "off", s.committed) for s in steps],
+            steps=[(s.batch_size, s.seconds, s.strategy == "off", s.committed, s.leased) for s in steps],
         )
 
 
@@ -1237,7 +1220,7 @@ def exploration_regret(runs: list[RunResult], plain: list[RunResult]) -> list[di
     def per_token(rs: list[RunResult]) -> dict[int, float]:
         per_b: dict[int, list[float]] = {}
         for r in rs:
-            for b, sec, _, n in r.steps:
+            for b, sec, _, n, _ in r.steps:
                 if n > 0:
                     per_b.setdefault(b, []).append(sec / n)
         return {b: statistics.median(v) for b, v in per_b.items()}
@@ -1249,14 +1232,14 @@ def exploration_regret(runs: list[RunResult], plain: list[RunResult]) -> list[di
     for r in runs:
         same = per_token([p for p in plain if p.rep == r.rep and p.batch_size == r.batch_size])
         ref = same or pooled
-        total = sum(sec for _, sec, _, _ in r.steps)
-        extra = sum(sec - n * _nearest(ref, b) for b, sec, is_off, n in r.steps if not is_off)
+        total = sum(st[1] for st in r.steps)
+        extra = sum(sec - n * _nearest(ref, b) for b, sec, is_off, n, _ in r.steps if not is_off)
         out.append(
             {
                 "rep": r.rep,
                 "batch_size": r.batch_size,
                 "regret_vs_off": extra / total if total > 0 else None,
-                "drafting_steps": sum(1 for *_, is_off, _ in r.steps if not is_off),
+                "drafting_steps": sum(1 for st in r.steps if not st[2]),
                 "steps": len(r.steps),
                 "reference": "same rep" if same else "pooled",
             }
@@ -1268,27 +1251,37 @@ def off_step_ratio(runs: list[RunResult], plains: list[RunResult]) -> list[dict]
     """Per adaptive lock-step rollout: its off steps' seconds over what the same round's plain engines took per
     step at the same batch sizes (their mean step time at batch b, the nearest measured batch size if b never
     occurred): the adaptive engine's cost with nothing to draft, apart from its drafting steps
-    (``exploration_regret``). 1.005 = its off steps ran 0.5% slower than plain's. Returns ``[{rep,
-    batch_size, off_steps_vs_plain, off_steps}]``; rollouts with no off step or no plain of the same round
-    are left out."""
+    (``exploration_regret``). 1.005 = its off steps ran 0.5% slower than plain's. Split by how the engine played
+    them: ``leased`` (under the policy's lease: plain's code path exactly, since plain decoding holds a lease from
+    its first step) and ``asked`` (the policy chose off: the steps that decided a quiet run, off's samples, quiet
+    steps a lease did not cover). Returns ``[{rep, batch_size, off_steps_vs_plain, off_steps, leased_share,
+    leased_vs_plain, asked_vs_plain}]`` (a ratio is None with no such step); rollouts with no off step or no
+    plain of the same round are left out."""
     out = []
     for r in runs:
         per_b: dict[int, list[float]] = {}
         for p in plains:
             if p.rep == r.rep and p.batch_size == r.batch_size:
-                for b, sec, _, _ in p.steps:
+                for b, sec, *_ in p.steps:
                     per_b.setdefault(b, []).append(sec)
-        off = [(b, sec) for b, sec, is_off, _ in r.steps if is_off]
+        off = [(b, sec, leased) for b, sec, is_off, _, leased in r.steps if is_off]
         if not per_b or not off:
             continue
         mean_b = {b: statistics.fmean(v) for b, v in per_b.items()}
-        expected = sum(_nearest(mean_b, b) for b, _ in off)
+
+        def vs_plain(steps: list, mean_b: dict = mean_b) -> float | None:
+            return sum(x[1] for x in steps) / sum(_nearest(mean_b, x[0]) for x in steps) if steps else None
+
+        leased = [x for x in off if x[2]]
         out.append(
             {
                 "rep": r.rep,
                 "batch_size": r.batch_size,
-                "off_steps_vs_plain": sum(sec for _, sec in off) / expected,
+                "off_steps_vs_plain": vs_plain(off),
                 "off_steps": len(off),
+                "leased_share": len(leased) / len(off),
+                "leased_vs_plain": vs_plain(leased),
+                "asked_vs_plain": vs_plain([x for x in off if not x[2]]),
             }
         )
     return out
@@ -1471,8 +1464,17 @@ def write_markdown(result: dict, path: Path) -> str:
             if x["regret_vs_off"] is not None:
                 cost.setdefault(str(x["batch_size"]), []).append(x["regret_vs_off"])
         offr: dict[str, list[float]] = {}
+        split: dict[str, dict[str, list[float]]] = {}
         for x in nw.get("off_steps_vs_plain") or []:
             offr.setdefault(str(x["batch_size"]), []).append(x["off_steps_vs_plain"])
+            for k in ("leased_share", "leased_vs_plain", "asked_vs_plain"):
+                if x.get(k) is not None:
+                    split.setdefault(str(x["batch_size"]), {}).setdefault(k, []).append(x[k])
+
+        def mean_of(b: str, k: str, fmt: str) -> str:
+            v = split.get(b, {}).get(k)
+            return f(None if not v else statistics.fmean(v), fmt)
+
         lines += [
             "",
             f"Never worse than plain ({nw['rounds']} lock-step rounds of plain, adaptive and plain-again alone; "
@@ -1481,11 +1483,14 @@ def write_markdown(result: dict, path: Path) -> str:
             "at two standard errors. Drafting steps' cost: the adaptive rollouts' drafting steps' time beyond "
             "plain's seconds per token, as a share of their decode time (mean over rounds). Off steps vs plain: "
             "the adaptive rollouts' off steps' time over the same round's plain step times at the same batch "
-            "sizes (`off_step_ratio`; mean over rounds): its cost with nothing to draft.",
+            "sizes (`off_step_ratio`; mean over rounds): its cost with nothing to draft; split into the share "
+            "played under the policy's lease (plain's code path) and those the policy was asked about (a "
+            "quiet run's deciding step, off's samples), each vs plain.",
             "",
             "| batch | adaptive vs plain (mean +- se) | A/A (mean +- se) | slowdown bound | not worse (point) "
-            "| not worse (2 se) | drafting steps' cost | off steps vs plain |",
-            "|---:|---|---|---:|---|---|---:|---:|",
+            "| not worse (2 se) | drafting steps' cost | off steps vs plain | leased share | leased vs plain "
+            "| asked off vs plain |",
+            "|---:|---|---|---:|---|---|---:|---:|---:|---:|---:|",
         ]
         for b, v in nw["results"].items():
             se, aa_se = v.get("ratio_se"), v.get("aa_se")
@@ -1495,7 +1500,9 @@ def write_markdown(result: dict, path: Path) -> str:
                 f"| {f(None if v.get('slowdown_bound') is None else 100 * v['slowdown_bound'], '{:.2f}%')} "
                 f"| {v['not_worse']} | {v.get('not_worse_2se')} "
                 f"| {f(None if not c else 100 * statistics.fmean(c), '{:.2f}%')} "
-                f"| {f(None if not offr.get(b) else statistics.fmean(offr[b]), '{:.4f}')} |"
+                f"| {f(None if not offr.get(b) else statistics.fmean(offr[b]), '{:.4f}')} "
+                f"| {mean_of(b, 'leased_share', '{:.3f}')} | {mean_of(b, 'leased_vs_plain', '{:.4f}')} "
+                f"| {mean_of(b, 'asked_vs_plain', '{:.4f}')} |"
             )
     reg = (result.get("adaptive") or {}).get("regret_vs_off") or []
     if reg:

@@ -19,10 +19,11 @@ Contract
   deterministic drafter (suffix, n-gram, greedy heads) changes how fast, never which, tokens are emitted
   (up to float round-off between a verify and a decode forward). Sampled drafts (``probs`` set) are verified
   by the sequential rule with further uniforms from the generator.
-* Speculation: per decode step the ``StrategyPolicy`` gives every request a ``Strategy``; the named drafter
-  proposes a chain or tree; all requests are verified in ONE batched target forward (tree attention masks);
-  ``speculative.verify.verify_tree`` applies the lossless acceptance rule; rejected KV positions are rolled
-  back (only the slot length moves) and an accepted tree path is compacted in place.
+* Speculation: per decode step the ``StrategyPolicy`` gives every request a ``Strategy`` (or, under the
+  policy's ``Lease``, the step is plain and the policy is not asked: ``speculative/strategy.py``); the named
+  drafter proposes a chain or tree; all requests are verified in ONE batched target forward (tree attention
+  masks); ``speculative.verify.verify_tree`` applies the lossless acceptance rule; rejected KV positions are
+  rolled back (only the slot length moves) and an accepted tree path is compacted in place.
 * Outputs: token ids, per-token logprobs (log-softmax of logits / temperature, before top-k/top-p; raw
   logits at temperature 0), finish reason (``eos`` | ``stop`` | ``length``), per-request timings and
   speculation counters. ``Engine.step_log`` keeps one ``StepRecord`` per decode step (active batch size,
@@ -56,7 +57,14 @@ from services.rollout_actor.cuda_graphs import (
 from services.rollout_actor.model import Transformer
 from services.rollout_actor.sampling import processed_probs, sample_from_probs
 from services.rollout_actor.speculative.base import Drafter, DraftRequest, DraftTree
-from services.rollout_actor.speculative.strategy import FixedPolicy, StepObservation, Strategy, StrategyPolicy
+from services.rollout_actor.speculative.strategy import (
+    OFF,
+    FixedPolicy,
+    Lease,
+    StepObservation,
+    Strategy,
+    StrategyPolicy,
+)
 
 
 @dataclass
@@ -121,6 +129,9 @@ class StepRecord:
     accepted: int
     draft_seconds: float
     capture_seconds: float = 0.0  # part of ``seconds`` spent capturing CUDA graphs (one-off; not observed)
+    leased: bool = False  # a plain step played under the policy's ``Lease``: neither chosen nor observed
+    # the process's CPU time over ``seconds`` (``Engine(cpu_clock=True)`` only)
+    cpu_seconds: float | None = None
 
 
 @dataclass
@@ -164,6 +175,8 @@ class Engine:
             pass a fake one to run the graph path (padding, buckets, static key lengths) on CPU.
         prefix_sharing: prefill a prompt once while a slot holds it (module docstring); False prefills every
             request (A/B, tests).
+        cpu_clock: also record each decode step's process CPU time (``StepRecord.cpu_seconds``; benchmarks on a
+            shared machine). Off by default: two more clock reads per step.
     """
 
     def __init__(
@@ -182,6 +195,7 @@ class Engine:
         cuda_graph_memory_bytes: int = 1 << 30,
         graph_backend: GraphBackend | None = None,
         prefix_sharing: bool = True,
+        cpu_clock: bool = False,
     ):
         self.model = model.eval()
         self.cfg = model.config
@@ -190,7 +204,8 @@ class Engine:
         self.eos = set(eos_token_ids if eos_token_ids is not None else self.cfg.eos_ids())
         self.tokenizer = tokenizer
         self.drafters = dict(drafters or {})
-        self.policy: StrategyPolicy = policy or FixedPolicy()
+        self.policy = policy or FixedPolicy()
+        self.cpu_clock = bool(cpu_clock)
         self.hidden_layers = tuple(hidden_layers)
         self.hidden_sink = hidden_sink
         self.seed = seed
@@ -227,6 +242,15 @@ class Engine:
         self.shared_prompts = 0  # requests whose prompt KV was copied or kept instead of prefilled
 
     # ------------------------------------------------------------------ public API
+    @property
+    def policy(self) -> StrategyPolicy:
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: StrategyPolicy) -> None:
+        self._policy = policy
+        self._lease: Lease | None = None  # the policy's, once it has been asked (strategy.py: leases)
+
     def now(self) -> float:
         return time.perf_counter() - self.clock_origin
 
@@ -471,24 +495,32 @@ class Engine:
 
     # ------------------------------------------------------------------ decode / speculate
     def _decode_step(self) -> list[RequestOutput]:
+        c0 = time.process_time() if self.cpu_clock else 0.0
         t0 = time.perf_counter()
         capture0 = self.graphed.pool.stats.capture_seconds if self.graphed is not None else 0.0
         # in slot order: a full batch then occupies consecutive slots and the forward reads the KV cache as a
         # view instead of gathering a copy per layer
         rows = sorted(self.running, key=lambda r: r.slot)
         b = len(rows)
-        dreqs = [
-            DraftRequest(
-                r.req.request_id,
-                r.req.problem_id,
-                r.req.prompt_ids + r.tokens,
-                len(r.req.prompt_ids),
-                r.hidden,
-            )
-            for r in rows
-        ]
-        strategies = self.policy.choose(dreqs)
-        drafts = self._propose(rows, dreqs, strategies)
+        lease = self._lease
+        leased = lease is not None and lease.left > 0 and lease.lo <= b < lease.hi
+        if leased:  # a plain step the policy has vouched for (strategy.py: leases): not asked, not told
+            lease.left -= 1
+            strategies = [OFF] * b
+            drafts = [DraftTree() for _ in rows]
+        else:
+            dreqs = [
+                DraftRequest(
+                    r.req.request_id,
+                    r.req.problem_id,
+                    r.req.prompt_ids + r.tokens,
+                    len(r.req.prompt_ids),
+                    r.hidden,
+                )
+                for r in rows
+            ]
+            strategies = self._policy.choose(dreqs)
+            drafts = self._propose(rows, dreqs, strategies)
         t_draft = time.perf_counter() - t0
 
         n = max((len(d) for d in drafts), default=0)
@@ -615,8 +647,12 @@ class Engine:
             if r.finish_reason:
                 finished.append(self._finish(r))
         seconds = time.perf_counter() - t0
+        cpu = time.process_time() - c0 if self.cpu_clock else None
         captured = self.graphed.pool.stats.capture_seconds - capture0 if self.graphed is not None else 0.0
-        arm = strategies[0].name if len({s.name for s in strategies}) == 1 else "mixed"
+        if leased:
+            arm = "off"
+        else:
+            arm = strategies[0].name if len({s.name for s in strategies}) == 1 else "mixed"
         self.step_log.append(
             StepRecord(
                 t0 - self.clock_origin,
@@ -628,11 +664,16 @@ class Engine:
                 accepted_total,
                 t_draft,
                 captured,
+                leased,
+                cpu,
             )
         )
-        self.policy.observe(
-            StepObservation(b, arm, committed_total, drafted_total, accepted_total, seconds, captured)
-        )
+        if not leased:
+            policy = self._policy
+            policy.observe(
+                StepObservation(b, arm, committed_total, drafted_total, accepted_total, seconds, captured)
+            )
+            self._lease = getattr(policy, "lease", None)
         return finished
 
     def _drafters_of(self, s: Strategy) -> list[Drafter]:

@@ -27,11 +27,14 @@ many of the bucket's next steps are certain to be greedy off steps (``TablePolic
 ledger, else the steps before its next exploration that the ledger lets play, drawn at once (geometric, the
 same law as drawing each step; an exploration the ledger holds back is a greedy step like the others); none
 while its best is a drafting arm or a probe is due. Those steps are quiet: they read no clock, ask nothing and
-record nothing; the bucket's next off sample carries their count (``steps``: the tuner counts them all, the
-window gets one sample, the ledger credits them at its seconds). The run is the bucket's, whatever
-the batch sizes in it (in the long tail the active batch size changes every few steps: one measured step per
-batch size made 22% of a batch-64 rollout's steps measured); one run at a time: a step in another bucket ends
-it. An exploration starts a run too, so the step after it need not be measured.
+record nothing. The engine plays them without calling the policy at all, under its ``lease`` (a ``Lease`` over
+the run's bucket, ``speculative/strategy.py``), so they cost what plain decoding costs (the two calls per step
+were ~0.3% of a batch-1 step: quiet steps ran at 1.003x plain's in session 16); a caller that ignores leases
+calls ``choose``, which plays them itself. The bucket's next off sample carries their count (``steps``: the
+tuner counts them all, the window gets one sample, the ledger credits them at its seconds). The run is the
+bucket's, whatever the batch sizes in it (in the long tail the active batch size changes every few steps: one
+measured step per batch size made 22% of a batch-64 rollout's steps measured); one run at a time: a step in
+another bucket ends it. An exploration starts a run too, so the step after it need not be measured.
 
 Off's sample is the run's first step, not the step that decided the run: that one runs the policy's Python with
 the caches cold (below) and its forward pass is slower after it, so its time overstated off's per-step cost by
@@ -63,7 +66,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.rollout_actor.speculative.base import DraftRequest
-from services.rollout_actor.speculative.strategy import OFF, StepObservation, Strategy
+from services.rollout_actor.speculative.strategy import OFF, Lease, StepObservation, Strategy
 from services.tuner.arms import TunerConfigError
 from services.tuner.bandit import TablePolicy
 from services.tuner.budgets import BudgetConfig, LengthBudgets
@@ -121,10 +124,13 @@ class TunedStrategyPolicy:
         self._t0: float | None = None
         self._arm = None
         self.choices: dict[str, int] = {}  # arm name -> steps it was chosen (this actor, since last drain)
-        # the quiet run (module docstring): steps left, for batch sizes lo <= n < hi (its bucket's), the bucket;
-        # per bucket, the quiet steps its next measured off step stands for (counted in advance when a run
-        # starts, its unplayed steps taken back by ``_end_quiet``); batch size -> its bucket
-        self._left, self._lo, self._hi, self._run_bucket = 0, 0, 0, -1
+        # the quiet run (module docstring): steps left, for batch sizes lo <= n < hi (its bucket's), and the
+        # bucket; ``lease`` is the same run once the engine may play it without asking (after off's sample, or
+        # from the start when no sample is due); per bucket, the quiet steps its next measured off step stands
+        # for (counted in advance when a run starts, its unplayed steps taken back by ``_end_quiet``); batch
+        # size -> its bucket
+        self._run, self._run_bucket = Lease(), -1
+        self.lease: Lease | None = None
         self._sampling = False  # the run's next step is off's sample (module docstring)
         self._off = None  # the table's off arm, for that sample
         self._owed: dict[int, int] = {}
@@ -135,10 +141,12 @@ class TunedStrategyPolicy:
         """End the quiet run, taking back its steps counted in advance but not played: the bucket's next step is
         measured, and carries exactly the quiet steps played since its last measured one."""
         self._sampling = False
-        if self._left:
-            self._owed[self._run_bucket] -= self._left
-            self.choices[OFF_NAME] -= self._left
-            self._left = 0
+        self.lease = None
+        run = self._run
+        if run.left:
+            self._owed[self._run_bucket] -= run.left
+            self.choices[OFF_NAME] -= run.left
+            run.left = 0  # the engine holds it too: it asks again
 
     def _bucket_of(self, n: int) -> int:
         i = self._bucket.get(n)
@@ -161,15 +169,17 @@ class TunedStrategyPolicy:
 
     def choose(self, requests: list[DraftRequest]) -> list[Strategy]:
         n = len(requests)
-        if self._left and self._lo <= n < self._hi:
-            # a quiet step (module docstring): no clock, no table, nothing recorded; as few operations as
-            # possible (every decode step but one in ``sample_every`` takes this path)
-            self._left -= 1
+        run = self._run
+        if run.left and run.lo <= n < run.hi:
+            # a quiet step (module docstring) the caller did not play under the lease: no clock, no table,
+            # nothing recorded, as few operations as possible
+            run.left -= 1
             if self._sampling:  # the run's first step: off's sample (module docstring)
                 self._sampling = False
                 if self.clock == "thread":
                     self._t0 = time.thread_time()
                 self._arm = self._off
+                self.lease = run  # the rest of the run: the engine plays it without asking
                 return [OFF] * n
             self._was_quiet = True
             return [OFF] * n
@@ -180,7 +190,7 @@ class TunedStrategyPolicy:
         self.choices[arm.name] = self.choices.get(arm.name, 0) + 1
         if q:  # the bucket's next q steps are quiet: counted now, carried by its next measured off step
             lo, hi = self.table.bucket_range(i)
-            self._left, self._run_bucket, self._lo, self._hi = q, i, lo, math.inf if hi is None else hi
+            self._run, self._run_bucket = Lease(q, lo, math.inf if hi is None else hi), i
             self._owed[i] = self._owed.get(i, 0) + q
             self.choices[OFF_NAME] = self.choices.get(OFF_NAME, 0) + q
         if arm.is_off:
@@ -192,6 +202,8 @@ class TunedStrategyPolicy:
             elif self.clock == "thread":
                 self._t0 = time.thread_time()
             return [OFF] * n
+        if q:  # an exploration starts a run with no sample due: the engine may play it at once
+            self.lease = self._run
         if self.clock == "thread":
             self._t0 = time.thread_time()
         alloc = self.budgets.allocate(
@@ -231,7 +243,7 @@ class TunedStrategyPolicy:
         if self._arm.is_off:
             i = self._bucket_of(n)
             owed = self._owed.pop(i, 1)
-            left = self._left if self._run_bucket == i else 0
+            left = self._run.left if self._run_bucket == i else 0
             if left:
                 self._owed[i] = left
             steps = owed - left

@@ -158,9 +158,16 @@ def _run(rep, steps, config="adaptive"):
 
 
 def test_exploration_regret_prices_drafting_steps_at_plains_time_per_token():
-    plain = [_run(0, [(2, 0.010, True, 2), (2, 0.012, True, 2), (4, 0.020, True, 4)], "plain")]
+    plain = [
+        _run(0, [(2, 0.010, True, 2, False), (2, 0.012, True, 2, False), (4, 0.020, True, 4, False)], "plain")
+    ]
     # off at batch 2: median of 5 and 6 ms per token = 5.5 ms; at batch 4: 5 ms per token
-    steps = [(2, 0.010, True, 2), (2, 0.020, False, 3), (4, 0.030, False, 5), (3, 0.040, False, 6)]
+    steps = [
+        (2, 0.010, True, 2, False),
+        (2, 0.020, False, 3, False),
+        (4, 0.030, False, 5, False),
+        (3, 0.040, False, 6, False),
+    ]
     (d,) = rl.exploration_regret([_run(1, steps)], plain)
     extra = (
         (0.020 - 3 * 0.0055) + (0.030 - 5 * 0.005) + (0.040 - 6 * 0.0055)
@@ -168,7 +175,7 @@ def test_exploration_regret_prices_drafting_steps_at_plains_time_per_token():
     assert d["regret_vs_off"] == pytest.approx(extra / 0.100)
     assert (d["rep"], d["drafting_steps"], d["steps"]) == (1, 3, 4)
     # only off steps: no regret, whatever they cost
-    (d,) = rl.exploration_regret([_run(2, [(2, 1.0, True, 1)])], plain)
+    (d,) = rl.exploration_regret([_run(2, [(2, 1.0, True, 1, False)])], plain)
     assert d["regret_vs_off"] == 0.0
     assert rl.exploration_regret([_run(1, steps)], []) == []
 
@@ -177,24 +184,36 @@ def test_off_step_ratio_compares_adaptive_off_steps_with_the_same_rounds_plain_s
     """The adaptive engine's off steps over the same round's plain steps at their batch sizes (both plains'
     mean; the nearest batch size when one never occurred); drafting steps and other rounds do not count."""
     plains = [
-        _run(0, [(2, 0.010, True, 2), (4, 0.020, True, 4)], "plain"),
-        _run(0, [(2, 0.012, True, 2), (4, 0.020, True, 4)], "plain-again"),
-        _run(1, [(2, 1.0, True, 2)], "plain"),  # another round: ignored
+        _run(0, [(2, 0.010, True, 2, False), (4, 0.020, True, 4, False)], "plain"),
+        _run(0, [(2, 0.012, True, 2, False), (4, 0.020, True, 4, False)], "plain-again"),
+        _run(1, [(2, 1.0, True, 2, False)], "plain"),  # another round: ignored
     ]
-    steps = [(2, 0.0121, True, 2), (4, 0.0202, True, 4), (4, 0.5, False, 6), (3, 0.0111, True, 3)]
+    # the last off step played under the policy's lease, the others asked about
+    steps = [
+        (2, 0.0121, True, 2, False),
+        (4, 0.0202, True, 4, False),
+        (4, 0.5, False, 6, False),
+        (3, 0.0111, True, 3, True),
+    ]
     (d,) = rl.off_step_ratio([_run(0, steps)], plains)
     # expected: batch 2 -> 11 ms, batch 4 -> 20 ms, batch 3 -> nearest (2, the lower on a tie) 11 ms
     assert d["off_steps_vs_plain"] == pytest.approx((0.0121 + 0.0202 + 0.0111) / (0.011 + 0.020 + 0.011))
     assert (d["rep"], d["off_steps"]) == (0, 3)
+    assert d["leased_share"] == pytest.approx(1 / 3)
+    assert d["leased_vs_plain"] == pytest.approx(0.0111 / 0.011)
+    assert d["asked_vs_plain"] == pytest.approx((0.0121 + 0.0202) / (0.011 + 0.020))
     assert rl.off_step_ratio([_run(2, steps)], plains) == []  # no plain in that round
-    assert rl.off_step_ratio([_run(0, [(2, 0.1, False, 3)])], plains) == []  # no off step
+    assert rl.off_step_ratio([_run(0, [(2, 0.1, False, 3, False)])], plains) == []  # no off step
 
 
 def test_exploration_regret_uses_the_same_repetitions_plain_run_when_there_is_one():
     """The machine drifts between repetitions: a plain run of the same repetition (and batch size) is the
     reference; warm-up rollouts (no such run) fall back to every plain run pooled."""
-    slow, fast = _run(1, [(2, 0.020, True, 2)], "plain"), _run(2, [(2, 0.010, True, 2)], "plain")
-    steps = [(2, 0.012, False, 2)]  # 6 ms per token
+    slow, fast = (
+        _run(1, [(2, 0.020, True, 2, False)], "plain"),
+        _run(2, [(2, 0.010, True, 2, False)], "plain"),
+    )
+    steps = [(2, 0.012, False, 2, False)]  # 6 ms per token
     by_rep = {d["rep"]: d for d in rl.exploration_regret([_run(r, steps) for r in (1, 2, -1)], [slow, fast])}
     assert by_rep[1]["regret_vs_off"] == pytest.approx((0.012 - 2 * 0.010) / 0.012)  # faster than rep 1's off
     assert by_rep[2]["regret_vs_off"] == pytest.approx((0.012 - 2 * 0.005) / 0.012)
@@ -318,10 +337,10 @@ def test_lockstep_orders_the_engines_afresh_each_round(tiny_policy_dir):
     build = runner._engine
 
     def recording(config, workload, rep, own_learned=False):
-        eng, clock, policy = build(config, workload, rep, own_learned)
+        eng, policy = build(config, workload, rep, own_learned)
         step = eng.step
         eng.step = lambda: (steps.append(config), step())[1]
-        return eng, clock, policy
+        return eng, policy
 
     runner._engine = recording
     results = runner.run_lockstep(configs, wl, sampling, seed=1, rep=0)

@@ -372,3 +372,65 @@ def test_a_run_ends_when_the_batch_size_leaves_its_bucket_and_counts_stay_exact(
     step(policy, 20)  # decided (the drain ended the run)
     step(policy, 25)  # sampled: carries bucket 2's quiet step at 30, the two decisions and itself
     assert [(o["batch_size"], o["steps"]) for o in policy.drain_observations()] == [(25, 4)]
+
+
+class LeasingEngine:
+    """Plays steps as ``Engine`` does with leases (``speculative/strategy.py``): a leased step asks nothing."""
+
+    def __init__(self, policy: TunedStrategyPolicy):
+        self.policy, self.lease, self.asked = policy, None, 0
+
+    def step(self, b: int) -> str:
+        lease = self.lease
+        if lease is not None and lease.left > 0 and lease.lo <= b < lease.hi:
+            lease.left -= 1
+            return OFF.name
+        self.asked += 1
+        name = step(self.policy, b)
+        self.lease = self.policy.lease
+        return name
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_steps_played_under_the_lease_change_nothing_but_the_calls(seed):
+    """The same policy (seed, table, batch sizes: a shrinking long tail with jumps across buckets, table
+    updates and drains between rollouts) played by a caller that asks every step and by one that honours the
+    lease: the same arm every step, the same choices and observations (arm, batch size, steps carried,
+    seconds), while the leasing caller asks about far fewer steps."""
+    import random
+
+    rng = random.Random(seed)
+    sizes = []
+    for _ in range(6):  # rollouts
+        b = rng.choice([8, 20, 40])
+        while b > 0:
+            sizes.append(b)
+            if rng.random() < 0.15:
+                b -= rng.randint(1, 3)
+    ps = {"suffix-k8-w1": 0.03, "ngram-k3-w1": 0.01}
+    tbl = explore_table(ps, ledger=None)
+    tbl["bucket_edges"] = [1, 4, 16]
+    tbl["buckets"] = [dict(tbl["buckets"][0], bucket=i, lo=lo) for i, lo in enumerate((1, 4, 16))]
+
+    def play(leasing: bool):
+        policy = TunedStrategyPolicy(tbl, seed=seed, clock="engine", sample_every=8)
+        eng = LeasingEngine(policy)
+        played, drained, i = [], [], 0
+        for b in sizes:
+            played.append(eng.step(b) if leasing else step(policy, b))
+            i += 1
+            if i % 97 == 0:  # a rollout boundary: drains and a new table
+                drained.append((policy.drain_choices(), policy.drain_observations()))
+                policy.update_table(tbl)
+                eng.lease = None
+        drained.append((policy.drain_choices(), policy.drain_observations()))
+        return played, drained, eng.asked
+
+    asked_every, drained_every, _ = play(False)
+    leased, drained_leased, asked = play(True)
+    assert leased == asked_every
+    assert drained_leased == drained_every
+    assert sum(sum(c.values()) for c, _ in drained_leased) == len(sizes)
+    explored = sum(n != OFF.name for n in leased)
+    assert explored > 0
+    assert asked < len(sizes) / 3
