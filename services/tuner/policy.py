@@ -36,13 +36,18 @@ bucket's, whatever the batch sizes in it (in the long tail the active batch size
 measured step per batch size made 22% of a batch-64 rollout's steps measured); one run at a time: a step in
 another bucket ends it. An exploration starts a run too, so the step after it need not be measured.
 
-Off's sample is the run's first step, not the step that decided the run: that one runs the policy's Python with
+Off's sample is the run's step after its first ``OFF_SAMPLE_DELAY`` (3) quiet steps (fewer in a shorter run; a
+run cut short before it has none), not the step that decided the run: that one runs the policy's Python with
 the caches cold (below) and its forward pass is slower after it, so its time overstated off's per-step cost by
-~7% at batch 1 (the quiet steps it stands for cost ~0.1% more than plain decoding), while a drafting arm's
-~1.4x longer step carries the same absolute overhead: off looked ~2% slower than it is next to the arms, and
-in two of the session's benchmark runs the tuner promoted ``ngram-k3`` (0.92-0.97x of off in lock step) at
-batch 1 for one to three whole rollouts. The sample step only reads the clock; it carries the count of the
-bucket's off steps since the previous sample, the deciding one included.
+~7% at batch 1, while a drafting arm's ~1.4x longer step carries the same absolute overhead: off looked ~2%
+slower than it is next to the arms, and in two of session 16's benchmark runs the tuner promoted ``ngram-k3``
+(0.92-0.97x of off in lock step) at batch 1 for one to three whole rollouts. The slowdown lasts a few steps:
+with leases, the run's first three quiet steps ran 1.3-2.2% slower than plain's at batch 1 (the fourth on,
+0.999x), and a sample at the run's first step 1.024x; after three quiet steps, 0.993x (session 17, per-step
+timing of 8 never-worse rounds). Off's quiet steps are what the policy plays, so that is off's cost as played. The engine
+plays the first quiet steps under the lease, asks about the sample step, which only reads the clock, and plays
+the rest under a second lease; the sample carries the count of the bucket's off steps since the previous
+sample, the deciding one included.
 
 What that buys, measured with per-phase timing of every step in the long-tail benchmark's never-worse rounds
 (session 16): with the caches cold from the forward pass, a measured step cost ~60 us of choosing, ~30 us of
@@ -74,6 +79,7 @@ from services.tuner.budgets import BudgetConfig, LengthBudgets
 CLOCKS = ("auto", "thread", "engine")
 OFF_NAME = OFF.name
 OFF_SAMPLE_EVERY = 64  # at most 63 quiet steps between two measured off steps in a bucket (module docstring)
+OFF_SAMPLE_DELAY = 3  # quiet steps of a run played before off's sample (module docstring)
 
 
 def resolve_clock(clock: str) -> str:
@@ -131,7 +137,9 @@ class TunedStrategyPolicy:
         # size -> its bucket
         self._run, self._run_bucket = Lease(), -1
         self.lease: Lease | None = None
-        self._sampling = False  # the run's next step is off's sample (module docstring)
+        # off's sample is due once ``_run`` is played: then the run's ``_rest`` steps (the sample included)
+        self._sampling = False
+        self._rest = 0
         self._off = None  # the table's off arm, for that sample
         self._owed: dict[int, int] = {}
         self._bucket: dict[int, int] = {}
@@ -143,10 +151,11 @@ class TunedStrategyPolicy:
         self._sampling = False
         self.lease = None
         run = self._run
-        if run.left:
-            self._owed[self._run_bucket] -= run.left
-            self.choices[OFF_NAME] -= run.left
-            run.left = 0  # the engine holds it too: it asks again
+        unplayed = run.left + self._rest
+        if unplayed:
+            self._owed[self._run_bucket] -= unplayed
+            self.choices[OFF_NAME] -= unplayed
+            run.left = self._rest = 0  # the engine holds it too: it asks again
 
     def _bucket_of(self, n: int) -> int:
         i = self._bucket.get(n)
@@ -170,20 +179,23 @@ class TunedStrategyPolicy:
     def choose(self, requests: list[DraftRequest]) -> list[Strategy]:
         n = len(requests)
         run = self._run
-        if run.left and run.lo <= n < run.hi:
-            # a quiet step (module docstring) the caller did not play under the lease: no clock, no table,
-            # nothing recorded, as few operations as possible
-            run.left -= 1
-            if self._sampling:  # the run's first step: off's sample (module docstring)
+        if run.lo <= n < run.hi:
+            if run.left:
+                # a quiet step (module docstring) the caller did not play under the lease: no clock, no table,
+                # nothing recorded, as few operations as possible
+                run.left -= 1
+                self._was_quiet = True
+                return [OFF] * n
+            if self._sampling:  # off's sample, after the run's first quiet steps (module docstring)
                 self._sampling = False
                 if self.clock == "thread":
                     self._t0 = time.thread_time()
                 self._arm = self._off
-                self.lease = run  # the rest of the run: the engine plays it without asking
+                # the rest of the run: the engine plays it without asking
+                self._run = self.lease = Lease(self._rest - 1, run.lo, run.hi)
+                self._rest = 0
                 return [OFF] * n
-            self._was_quiet = True
-            return [OFF] * n
-        self._end_quiet()  # a batch size out of the run's bucket: the run ends here
+        self._end_quiet()  # a batch size out of the run's bucket, or the run played: it ends here
         i = self._bucket_of(n)
         arm, q = self.table.choose_run(n, self.sample_every - 1)
         self._arm = arm
@@ -193,17 +205,20 @@ class TunedStrategyPolicy:
             self._run, self._run_bucket = Lease(q, lo, math.inf if hi is None else hi), i
             self._owed[i] = self._owed.get(i, 0) + q
             self.choices[OFF_NAME] = self.choices.get(OFF_NAME, 0) + q
+            self.lease = self._run  # the engine may play them without asking
         if arm.is_off:
-            # counted like the quiet steps: it rides on the bucket's next off sample, which is the run's first
-            # step when a run starts here (this step's own time holds the policy's cold work: module docstring)
+            # counted like the quiet steps: it rides on the bucket's next off sample, one of the run's steps
+            # when a run starts here (this step's own time holds the policy's cold work: module docstring)
             self._owed[i] = self._owed.get(i, 0) + 1
             if q:
+                # off's sample is the run's step after its first OFF_SAMPLE_DELAY quiet steps (fewer in a
+                # short run): the lease covers those, the sample is asked about, a second lease the rest
+                head = min(OFF_SAMPLE_DELAY, q - 1)
+                self._run.left, self._rest = head, q - head
                 self._off, self._sampling, self._t0, self._was_quiet = arm, True, None, True
             elif self.clock == "thread":
                 self._t0 = time.thread_time()
             return [OFF] * n
-        if q:  # an exploration starts a run with no sample due: the engine may play it at once
-            self.lease = self._run
         if self.clock == "thread":
             self._t0 = time.thread_time()
         alloc = self.budgets.allocate(

@@ -73,29 +73,30 @@ def test_settled_off_buckets_measure_one_step_in_k_and_count_every_step(clock_re
     for _ in range(37):
         step(policy, 5)
     # decided (a run of 7 starts, no clock): steps 1, 9, ..., 97 at batch 1 and 1, 9, ..., 33 at batch 5; off's
-    # samples are the runs' first steps, 2, 10, ..., 98 (13) and 2, 10, ..., 34 (5): two clock reads each
-    assert clock_reads[0] == 2 * (13 + 5)
+    # samples are the runs' steps after their first 3 quiet ones, 5, 13, ..., 93 (12; the run decided at 97
+    # ends before its sample) and 5, 13, ..., 37 (5): two clock reads each
+    assert clock_reads[0] == 2 * (12 + 5)
     assert policy.drain_choices() == {OFF.name: 137}  # quiet steps counted exactly
     obs = policy.drain_observations()
-    assert len(obs) == 18
+    assert len(obs) == 17
     assert all(o["arm"] == OFF.name and o["seconds"] > 0 for o in obs)
     by_b = {b: [o["steps"] for o in obs if o["batch_size"] == b] for b in (1, 5)}
-    # the first sample stands for itself and the step that decided its run; each later one for the 8 steps
-    # since the previous one; the steps after the last sample (99-100 at batch 1, 35-37 at batch 5) ride on
-    # the next
-    assert by_b[1] == [2] + [8] * 12 and by_b[5] == [2] + [8] * 4
-    for b in (1, 1, 5, 5):  # a decision (the drain ended the runs) and a sample in each bucket
+    # the first sample stands for itself and the steps before it, the step that decided its run included; each
+    # later one for the 8 steps since the previous one; the steps after the last sample (94-100 at batch 1)
+    # ride on the next
+    assert by_b[1] == [5] + [8] * 11 and by_b[5] == [5] + [8] * 4
+    for b in [1] * 5 + [5] * 5:  # a decision (the drain ended the runs), 3 quiet steps and a sample in each
         step(policy, b)
-    assert [(o["batch_size"], o["steps"]) for o in policy.drain_observations()] == [(1, 4), (5, 5)]
-    assert policy.drain_choices() == {OFF.name: 4}
-    # the tuner counts every step it was told of: 98 + 1 at batch 1 (bucket 0), 34 at batch 5 (bucket 1)
+    assert [(o["batch_size"], o["steps"]) for o in policy.drain_observations()] == [(1, 7 + 5), (5, 5)]
+    assert policy.drain_choices() == {OFF.name: 10}
+    # the tuner counts every step it was told of: 93 + 1 at batch 1 (bucket 0), 37 at batch 5 (bucket 1)
     bandit = BucketedBandit([OFF, SUFFIX], BanditConfig(bucket_edges=[1, 4]))
     bandit.merge(
         obs + [{"batch_size": 1, "arm": "off", "committed_tokens": 1.0, "seconds": 0.002, "steps": 1}]
     )
     stats = bandit.stats()["buckets"]
-    assert stats[0]["observations"] == 98 + 1 and stats[1]["observations"] == 34
-    assert stats[0]["arms"]["off"]["n"] == 14 and stats[0]["arms"]["off"]["chosen"] == 99
+    assert stats[0]["observations"] == 93 + 1 and stats[1]["observations"] == 37
+    assert stats[0]["arms"]["off"]["n"] == 13 and stats[0]["arms"]["off"]["chosen"] == 94
 
 
 def test_sample_every_one_measures_every_step(clock_reads):
@@ -109,7 +110,7 @@ def test_sample_every_one_measures_every_step(clock_reads):
 
 def test_explored_steps_are_measured_and_quiet_steps_ride_on_off_only(clock_reads):
     policy = TunedStrategyPolicy(table(), clock="thread", sample_every=8)
-    for _ in range(12):  # decided: 1 and 9; samples: 2 and 10; steps 11-12 quiet
+    for _ in range(12):  # decided: 1 and 9; sampled: 5 (the second run's sample, 13, is not reached)
         step(policy, 1)
     # a table that explores the suffix arm at batch 1 with p = 1: every step there is measured
     policy.update_table(table(explore=[SUFFIX.name]))
@@ -119,28 +120,30 @@ def test_explored_steps_are_measured_and_quiet_steps_ride_on_off_only(clock_read
     assert clock_reads[0] - reads == 12
     assert policy.drain_choices() == {OFF.name: 12, SUFFIX.name: 6}
     obs = policy.drain_observations()
-    assert [(o["arm"], o["steps"]) for o in obs] == [(OFF.name, 2), (OFF.name, 8)] + [(SUFFIX.name, 1)] * 6
-    assert all(o["explored"] for o in obs[2:])
-    # back to an all-off table: the 2 quiet steps of the second run ride on the next off sample
+    assert [(o["arm"], o["steps"]) for o in obs] == [(OFF.name, 5)] + [(SUFFIX.name, 1)] * 6
+    assert all(o["explored"] for o in obs[1:])
+    # back to an all-off table: the 7 off steps since the sample (3, the second decision, 3 quiet) ride on the
+    # next off sample, the fifth step of the next run
     policy.update_table(table())
-    step(policy, 1)
-    step(policy, 1)
+    for _ in range(5):
+        step(policy, 1)
     ((ob),) = policy.drain_observations()
-    assert ob["arm"] == OFF.name and ob["steps"] == 4
+    assert ob["arm"] == OFF.name and ob["steps"] == 7 + 5
 
 
 def test_a_table_update_mid_countdown_keeps_counts_exact():
     policy = TunedStrategyPolicy(table(), clock="engine", sample_every=8)
-    for _ in range(4):  # decided, sampled (carrying 2), 2 quiet of a run of 7
+    for _ in range(4):  # decided, 3 quiet of a run of 7 (its sample not reached)
         step(policy, 1)
     policy.update_table(table())
     assert policy.drain_choices() == {OFF.name: 4}
-    for _ in range(10):  # decided, sampled (carrying 4), 6 quiet, decided, sampled (carrying 8)
+    # decided, 3 quiet, sampled (carrying 4 + 5), 3 quiet, decided, 3 quiet, sampled (carrying 8), 1 quiet
+    for _ in range(14):
         step(policy, 1)
-    assert policy.drain_choices() == {OFF.name: 10}
+    assert policy.drain_choices() == {OFF.name: 14}
     steps = [o["steps"] for o in policy.drain_observations()]
-    assert steps == [2, 4, 8]  # the run the last sample is in has played nothing more yet
-    assert sum(steps) == 14
+    assert steps == [9, 8]
+    assert sum(steps) == 4 + 14 - 1  # the last step rides on the next sample
 
 
 def test_steps_survive_the_grpc_round_trip_and_are_validated():
@@ -291,15 +294,15 @@ def test_a_step_that_captured_a_cuda_graph_is_no_sample_and_its_count_rides_on_t
         s = policy.choose(reqs)[0]
         policy.observe(StepObservation(1, s.name, 1, 0, 0, 0.002 + capture, capture))
 
-    play(0.0)  # decided: a run of 7 quiet steps starts
-    play(0.05)  # the run's first step, off's sample, but it captured a graph: no sample
-    for _ in range(6):
-        play(0.0)
-    play(0.0)  # decided: the next run starts
-    play(0.0)  # its first step: the sample carries every step so far, the captured one included
-    assert policy.drain_choices() == {OFF.name: 10}
+    for _ in range(4):
+        play(0.0)  # decided (a run of 7 quiet steps starts), 3 quiet steps
+    play(0.05)  # off's sample, but it captured a graph: no sample
+    for _ in range(3 + 1 + 3):
+        play(0.0)  # the run's last 3 quiet steps; decided: the next run starts; its first 3 quiet steps
+    play(0.0)  # its sample carries every step so far, the captured one included
+    assert policy.drain_choices() == {OFF.name: 13}
     obs = policy.drain_observations()
-    assert [(o["arm"], o["steps"]) for o in obs] == [(OFF.name, 10)]
+    assert [(o["arm"], o["steps"]) for o in obs] == [(OFF.name, 13)]
     assert all(o["seconds"] == pytest.approx(0.002) for o in obs)
 
     # a drafting step that captured is not recorded either (the window keeps only steady-state steps)
@@ -322,14 +325,14 @@ def test_quiet_runs_span_the_batch_sizes_of_a_bucket(clock_reads):
     assert clock_reads[0] == 2 * (128 // 8)
     assert policy.drain_choices() == {OFF.name: 128}
     obs = policy.drain_observations()
-    # sampled at the second step of every 8: batch sizes 31, 30, ..., 16; the first carries 2 steps, each later
+    # sampled at the fifth step of every 8: batch sizes 31, 30, ..., 16; the first carries 5 steps, each later
     # one the 8 steps since the previous one, whatever their batch sizes
     assert [o["batch_size"] for o in obs] == list(range(31, 15, -1))
-    assert [o["steps"] for o in obs] == [2] + [8] * 15
+    assert [o["steps"] for o in obs] == [5] + [8] * 15
     bandit = BucketedBandit([OFF, SUFFIX], BanditConfig(bucket_edges=[1, 4, 16]))
     bandit.merge(obs)
-    # the 6 quiet steps at the end ride on the next sample
-    assert bandit.stats()["buckets"][2]["observations"] == 122
+    # the 3 quiet steps at the end ride on the next sample
+    assert bandit.stats()["buckets"][2]["observations"] == 125
 
 
 def test_an_exploration_the_ledger_holds_back_is_a_quiet_step():
@@ -345,7 +348,7 @@ def test_an_exploration_the_ledger_holds_back_is_a_quiet_step():
     for _ in range(800):
         assert step(policy, 1) == OFF.name
     obs = policy.drain_observations()
-    assert len(obs) == 800 // 8 and sum(o["steps"] for o in obs) == 800 - 6
+    assert len(obs) == 800 // 8 and sum(o["steps"] for o in obs) == 800 - 3
     sd = (800 * 0.2 * 0.8) ** 0.5
     assert 0.2 * 800 - 4 * sd < policy.table.deferred < 0.2 * 800 + 4 * sd
     assert policy.drain_choices() == {OFF.name: 800}
@@ -360,18 +363,21 @@ def test_a_run_ends_when_the_batch_size_leaves_its_bucket_and_counts_stay_exact(
     """One quiet run at a time: a step in another bucket ends it (its unplayed steps are taken back) and decides
     a run there; back in the first bucket, its next sample carries the steps played there since its last one."""
     policy = TunedStrategyPolicy(table(edges=(1, 4, 16)), clock="thread", sample_every=8)
-    for n in (20, 17, 30):  # bucket 2: decided, sampled (carrying 2), 1 quiet step of the run of 7
+    # bucket 2: decided, 3 quiet steps, sampled (carrying 5), 1 of the run's last 3 quiet steps
+    for n in (20, 17, 30, 25, 18, 22):
         step(policy, n)
-    step(policy, 2)  # bucket 0: the bucket-2 run ends with 5 steps unplayed; a run is decided here
-    step(policy, 3)  # its sample (carrying 2)
+    step(policy, 2)  # bucket 0: the bucket-2 run ends with 2 steps unplayed; a run is decided here
+    for n in (3, 1, 2, 3):  # its 3 quiet steps and its sample (carrying 5)
+        step(policy, n)
     step(policy, 20)  # bucket 2: bucket 0's run ends; decided
     assert clock_reads[0] == 2 * 2
     obs = policy.drain_observations()
-    assert [(o["batch_size"], o["steps"]) for o in obs] == [(17, 2), (3, 2)]
-    assert policy.drain_choices() == {OFF.name: 6}
-    step(policy, 20)  # decided (the drain ended the run)
-    step(policy, 25)  # sampled: carries bucket 2's quiet step at 30, the two decisions and itself
-    assert [(o["batch_size"], o["steps"]) for o in policy.drain_observations()] == [(25, 4)]
+    assert [(o["batch_size"], o["steps"]) for o in obs] == [(18, 5), (3, 5)]
+    assert policy.drain_choices() == {OFF.name: 12}
+    for n in (20, 21, 22, 23, 25):  # decided (the drain ended the run), 3 quiet steps, sampled
+        step(policy, n)
+    # the sample carries bucket 2's quiet step at 22, the two decisions, the 3 quiet steps and itself
+    assert [(o["batch_size"], o["steps"]) for o in policy.drain_observations()] == [(25, 7)]
 
 
 class LeasingEngine:
@@ -434,3 +440,20 @@ def test_steps_played_under_the_lease_change_nothing_but_the_calls(seed):
     explored = sum(n != OFF.name for n in leased)
     assert explored > 0
     assert asked < len(sizes) / 3
+
+
+@pytest.mark.parametrize("sample_every, period, sample_at", [(2, 2, 2), (3, 3, 3), (5, 5, 5), (8, 8, 5)])
+def test_off_is_sampled_after_the_runs_first_quiet_steps(sample_every, period, sample_at, clock_reads):
+    """A run of q = sample_every - 1 quiet steps: off's sample is its step after min(3, q - 1) quiet ones (the
+    decision's cold-cache slowdown lasts a few steps), so the sample is step ``sample_at`` of every ``period``,
+    and a caller honouring the lease is asked about the decision and the sample only."""
+    policy = TunedStrategyPolicy(table(), clock="engine", sample_every=sample_every)
+    eng = LeasingEngine(policy)
+    sampled = []
+    for t in range(1, 4 * period + 1):
+        before = len(policy.table._pending)
+        eng.step(1)
+        if len(policy.table._pending) > before:
+            sampled.append(t)
+    assert sampled == [sample_at + k * period for k in range(4)]
+    assert eng.asked == 2 * 4
