@@ -8,11 +8,16 @@ drains the records in batches (``drain_observations``) and sends back a newer ta
 
 Which seconds (``clock``):
 
-- ``"thread"``: the decoding thread's CPU time from the end of ``choose``'s decision to ``observe``
-  (``time.thread_time``: a drafting step's budgets, draft, verify and commit). When the model runs on the
-  CPU, that is the step's cost without the time the thread waited for a core: on an oversubscribed machine
-  (other processes, other actors) wall time adds noise that has nothing to do with the arm, and the bandit
-  then mistakes a busy neighbour for a slow arm.
+- ``"thread"``: the decoding thread's CPU time (``time.thread_time``) to ``observe``, from the start of
+  ``choose`` for a step chosen there (a drafting step: its choice, budgets, draft, verify and commit, all that
+  playing it costs, as under ``"engine"``; an off step where no quiet run starts, as where a drafting arm is
+  the best), from the end of ``choose`` for off's sample in a quiet run (off's quiet steps, what off costs as
+  played there, are not chosen at all). When the model runs on the CPU, that is the step's cost without the time the thread
+  waited for a core: on an oversubscribed machine (other processes, other actors) wall time adds noise that has
+  nothing to do with the arm, and the bandit then mistakes a busy neighbour for a slow arm. Why the choice
+  counts for a drafting step: on the long-tail benchmark at batch 1 it is ~25-60 us of cold Python, 2-5% of a
+  decode step; left out (before session 17), ``ngram-k3`` (0.86x of off per token as played in the never-worse
+  rounds) was estimated at 0.95x, close enough to off to be explored freely at ~2% of the steps.
 - ``"engine"``: the wall time the engine measured (``StepObservation.seconds``). Needed when the model runs on
   an accelerator (the CPU thread only launches kernels and waits), and when a caller substitutes modeled
   step times (tests).
@@ -195,6 +200,8 @@ class TunedStrategyPolicy:
                 self._run = self.lease = Lease(self._rest - 1, run.lo, run.hi)
                 self._rest = 0
                 return [OFF] * n
+        # a drafting step's time starts here: choosing is part of what playing it costs (module docstring)
+        t0 = time.thread_time() if self.clock == "thread" else None
         self._end_quiet()  # a batch size out of the run's bucket, or the run played: it ends here
         i = self._bucket_of(n)
         arm, q = self.table.choose_run(n, self.sample_every - 1)
@@ -216,11 +223,10 @@ class TunedStrategyPolicy:
                 head = min(OFF_SAMPLE_DELAY, q - 1)
                 self._run.left, self._rest = head, q - head
                 self._off, self._sampling, self._t0, self._was_quiet = arm, True, None, True
-            elif self.clock == "thread":
-                self._t0 = time.thread_time()
+            else:  # measured here: chosen like the steps it is compared with (module docstring)
+                self._t0 = t0
             return [OFF] * n
-        if self.clock == "thread":
-            self._t0 = time.thread_time()
+        self._t0 = t0
         alloc = self.budgets.allocate(
             [
                 (r.request_id, r.problem_id, arm.max_draft_tokens, len(r.token_ids) - r.num_prompt_tokens)

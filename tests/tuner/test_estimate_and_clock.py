@@ -117,6 +117,43 @@ def test_thread_clock_reports_cpu_time_not_waiting():
     assert busy["arm"] == "off" and busy["committed_tokens"] == 1
 
 
+def test_thread_clock_charges_a_chosen_step_its_choice_and_offs_sample_in_a_run_not(monkeypatch):
+    """A step chosen in ``choose`` is timed from its start (choosing is part of playing it, as in the engine's
+    wall time); off's sample in a quiet run from its end (off's quiet steps are played without choosing)."""
+    import services.tuner.policy as policy_mod
+
+    now = [100.0]
+    monkeypatch.setattr(policy_mod.time, "thread_time", lambda: now[0])
+
+    def tick(dt: float) -> None:
+        now[0] += dt
+
+    def seconds(arm: str, sample_every: int) -> float:
+        policy = TunedStrategyPolicy(_table(arm), clock="thread", sample_every=sample_every)
+        choose_run = policy.table.choose_run
+
+        def slow_choice(*a):
+            tick(0.003)  # the choice's own Python
+            return choose_run(*a)
+
+        monkeypatch.setattr(policy.table, "choose_run", slow_choice)
+        obs = []
+        for _ in range(5):  # with runs: decided, 3 quiet, sampled
+            policy.choose([DraftRequest("r0", "p0", [1, 2, 3], 2, None)])
+            tick(0.010)  # draft + verify + commit
+            policy.observe(StepObservation(1, arm, 1, 0, 0, 0.25))
+            obs += policy.drain_observations() if sample_every == 1 else []
+        obs += policy.drain_observations()
+        assert obs and {o["arm"] for o in obs} == {arm}
+        return obs[-1]["seconds"]
+
+    assert seconds("suffix-k8-w1", 1) == pytest.approx(0.013)
+    assert seconds(OFF.name, 1) == pytest.approx(
+        0.013
+    )  # chosen at every step, as where a drafting arm is best
+    assert seconds(OFF.name, 8) == pytest.approx(0.010)  # off's sample in a run: its steps are not chosen
+
+
 def test_engine_clock_reports_the_engine_seconds():
     policy = TunedStrategyPolicy(_table("suffix-k8-w1"), clock="engine")
     ob = _step(policy, lambda: _burn(0.01))

@@ -74,8 +74,8 @@ def test_settled_off_buckets_measure_one_step_in_k_and_count_every_step(clock_re
         step(policy, 5)
     # decided (a run of 7 starts, no clock): steps 1, 9, ..., 97 at batch 1 and 1, 9, ..., 33 at batch 5; off's
     # samples are the runs' steps after their first 3 quiet ones, 5, 13, ..., 93 (12; the run decided at 97
-    # ends before its sample) and 5, 13, ..., 37 (5): two clock reads each
-    assert clock_reads[0] == 2 * (12 + 5)
+    # ends before its sample) and 5, 13, ..., 37 (5): two clock reads each, and one per decision (18)
+    assert clock_reads[0] == 2 * (12 + 5) + (13 + 5)
     assert policy.drain_choices() == {OFF.name: 137}  # quiet steps counted exactly
     obs = policy.drain_observations()
     assert len(obs) == 17
@@ -322,7 +322,7 @@ def test_quiet_runs_span_the_batch_sizes_of_a_bucket(clock_reads):
     sizes = [31 - j // 8 for j in range(128)]
     for n in sizes:
         assert step(policy, n) == OFF.name
-    assert clock_reads[0] == 2 * (128 // 8)
+    assert clock_reads[0] == 2 * (128 // 8) + 128 // 8  # a sample and a decision per run
     assert policy.drain_choices() == {OFF.name: 128}
     obs = policy.drain_observations()
     # sampled at the fifth step of every 8: batch sizes 31, 30, ..., 16; the first carries 5 steps, each later
@@ -370,7 +370,7 @@ def test_a_run_ends_when_the_batch_size_leaves_its_bucket_and_counts_stay_exact(
     for n in (3, 1, 2, 3):  # its 3 quiet steps and its sample (carrying 5)
         step(policy, n)
     step(policy, 20)  # bucket 2: bucket 0's run ends; decided
-    assert clock_reads[0] == 2 * 2
+    assert clock_reads[0] == 2 * 2 + 3  # two samples, three decisions
     obs = policy.drain_observations()
     assert [(o["batch_size"], o["steps"]) for o in obs] == [(18, 5), (3, 5)]
     assert policy.drain_choices() == {OFF.name: 12}
