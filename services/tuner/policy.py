@@ -12,9 +12,10 @@ Which seconds (``clock``):
   ``choose`` for a step chosen there (a drafting step: its choice, budgets, draft, verify and commit, all that
   playing it costs, as under ``"engine"``; an off step where no quiet run starts, as where a drafting arm is
   the best), from the end of ``choose`` for off's sample in a quiet run (off's quiet steps, what off costs as
-  played there, are not chosen at all). When the model runs on the CPU, that is the step's cost without the time the thread
-  waited for a core: on an oversubscribed machine (other processes, other actors) wall time adds noise that has
-  nothing to do with the arm, and the bandit then mistakes a busy neighbour for a slow arm. Why the choice
+  played there, are not chosen at all). When the model runs on the CPU, that is the step's cost without the
+  time the thread waited for a core: on an oversubscribed machine (other processes, other actors) wall time
+  adds noise that has nothing to do with the arm, and the bandit then mistakes a busy neighbour for a slow
+  arm. Why the choice
   counts for a drafting step: on the long-tail benchmark at batch 1 it is ~25-60 us of cold Python, 2-5% of a
   decode step; left out (before session 17), ``ngram-k3`` (0.86x of off per token as played in the never-worse
   rounds) was estimated at 0.95x, close enough to off to be explored freely at ~2% of the steps.
@@ -49,10 +50,10 @@ slower than it is next to the arms, and in two of session 16's benchmark runs th
 (0.92-0.97x of off in lock step) at batch 1 for one to three whole rollouts. The slowdown lasts a few steps:
 with leases, the run's first three quiet steps ran 1.3-2.2% slower than plain's at batch 1 (the fourth on,
 0.999x), and a sample at the run's first step 1.024x; after three quiet steps, 0.993x (session 17, per-step
-timing of 8 never-worse rounds). Off's quiet steps are what the policy plays, so that is off's cost as played. The engine
-plays the first quiet steps under the lease, asks about the sample step, which only reads the clock, and plays
-the rest under a second lease; the sample carries the count of the bucket's off steps since the previous
-sample, the deciding one included.
+timing of 8 never-worse rounds). Off's quiet steps are what the policy plays, so that is off's cost as played.
+The engine plays the first quiet steps under the lease, asks about the sample step, which only reads the clock,
+and plays the rest under a second lease; the sample carries the count of the bucket's off steps since the
+previous sample, the deciding one included.
 
 What that buys, measured with per-phase timing of every step in the long-tail benchmark's never-worse rounds
 (session 16): with the caches cold from the forward pass, a measured step cost ~60 us of choosing, ~30 us of
@@ -135,11 +136,11 @@ class TunedStrategyPolicy:
         self._t0: float | None = None
         self._arm = None
         self.choices: dict[str, int] = {}  # arm name -> steps it was chosen (this actor, since last drain)
-        # the quiet run (module docstring): steps left, for batch sizes lo <= n < hi (its bucket's), and the
-        # bucket; ``lease`` is the same run once the engine may play it without asking (after off's sample, or
-        # from the start when no sample is due); per bucket, the quiet steps its next measured off step stands
-        # for (counted in advance when a run starts, its unplayed steps taken back by ``_end_quiet``); batch
-        # size -> its bucket
+        # the quiet run (module docstring): steps left to play without asking, for batch sizes lo <= n < hi
+        # (its bucket's), and the bucket; ``lease``: the same object, handed to the engine (the run's steps
+        # before off's sample, then a new one for those after it); per bucket, the quiet steps its next
+        # measured off step stands for (counted in advance when a run starts, its unplayed steps taken back by
+        # ``_end_quiet``); batch size -> its bucket
         self._run, self._run_bucket = Lease(), -1
         self.lease: Lease | None = None
         # off's sample is due once ``_run`` is played: then the run's ``_rest`` steps (the sample included)
@@ -200,7 +201,7 @@ class TunedStrategyPolicy:
                 self._run = self.lease = Lease(self._rest - 1, run.lo, run.hi)
                 self._rest = 0
                 return [OFF] * n
-        # a drafting step's time starts here: choosing is part of what playing it costs (module docstring)
+        # a step chosen here is timed from here: choosing is part of what playing it costs (module docstring)
         t0 = time.thread_time() if self.clock == "thread" else None
         self._end_quiet()  # a batch size out of the run's bucket, or the run played: it ends here
         i = self._bucket_of(n)

@@ -5,15 +5,15 @@ The engine asks its ``StrategyPolicy`` once per decode step, for the current act
 policy below returns one strategy for everyone; the tuner's in-process table policy (services/tuner) is a
 drop-in replacement.
 
-Leases: a policy may also say that its next steps are certain to be plain (off) steps, by holding a ``Lease`` in
-its ``lease`` attribute. After each step it asked about (after ``observe``), the engine reads ``policy.lease``;
-while the lease has steps left and the active batch size is in its range, the engine decodes plain steps
-without calling ``choose`` or ``observe`` (and without building the ``DraftRequest`` list), taking one step off
-``Lease.left`` each time. A step outside the range, or an exhausted lease, goes back to the policy, which reads
-``left`` to know how many of the leased steps were played. A caller that ignores leases keeps calling
-``choose``; the policy then plays the leased steps itself. This is what makes an adaptive policy that has
-settled on off cost what plain decoding costs: on the long-tail benchmark's small CPU model the policy's two
-calls per step were ~0.3% of a batch-1 step (``services/tuner/policy.py``).
+Leases: a policy may also say that its next steps are certain to be plain (off) steps, by holding a
+``Lease`` in its ``lease`` attribute. After each step it asked about (after ``observe``), the engine reads
+``policy.lease``; while the lease has steps left and the active batch size is in its range, the engine
+decodes plain steps without calling ``choose`` or ``observe`` (and without building the ``DraftRequest``
+list), taking one step off ``Lease.left`` each time. A step outside the range, or an exhausted lease, goes
+back to the policy, which reads ``left`` to know how many of the leased steps were played. A caller that
+ignores leases keeps calling ``choose``; the policy then plays the leased steps itself. This is what makes an
+adaptive policy that has settled on off cost what plain decoding costs: on the long-tail benchmark's small
+CPU model the policy's two calls per step were ~0.3% of a batch-1 step (``services/tuner/policy.py``).
 """
 
 from __future__ import annotations
@@ -68,10 +68,10 @@ class StepObservation:
 
 @dataclass(eq=False, slots=True)
 class Lease:
-    """The next ``left`` decode steps whose active batch size ``b`` satisfies ``lo <= b < hi`` are plain (off)
-    steps the policy need not be asked about nor told of (module docstring). The engine takes one step off
-    ``left`` per step it plays under the lease; the policy may end the lease at any time by setting ``left`` to 0.
-    ``left`` and ``hi`` may be ``math.inf``."""
+    """The next ``left`` decode steps whose active batch size ``b`` satisfies ``lo <= b < hi`` are plain
+    (off) steps the policy need not be asked about nor told of (module docstring). The engine takes one step
+    off ``left`` per step it plays under the lease; the policy may end the lease at any time by setting
+    ``left`` to 0. ``left`` and ``hi`` may be ``math.inf``."""
 
     left: float = 0
     lo: int = 1
