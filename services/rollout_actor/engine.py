@@ -650,7 +650,7 @@ class Engine:
         cpu = time.process_time() - c0 if self.cpu_clock else None
         captured = self.graphed.pool.stats.capture_seconds - capture0 if self.graphed is not None else 0.0
         if leased:
-            arm = "off"
+            arm = OFF.name
         else:
             arm = strategies[0].name if len({s.name for s in strategies}) == 1 else "mixed"
         self.step_log.append(

@@ -148,8 +148,9 @@ ledger bounds what is actually spent (batch 64 on the long-tail benchmark, lock 
 6-7.5% of the rollout before, 0.5-2% with it at a 1% budget). On the distributed simulation of
 ``tests/tuner/test_bandit_sim.py`` (seeds 5-16) the time over the oracle's went from 4.1% to 2.5% (1%
 budget), 2.2% (0.5%) and 2.4% (0.2%, the default until session 16; 0.25% and 0.1%: 2.2% and 2.0%, so no
-trend below 1%); batch 1's best is found in 11 or 12 of 12 seeds at each of these budgets. What the budget costs where off is the best arm: on the long-tail benchmark's lock
-step (8 rounds, plain / A/A / adaptive side by side), the adaptive rollouts' drafting steps cost 0.41 / 0.73 /
+trend below 1%); batch 1's best is found in 11 or 12 of 12 seeds at each of these budgets. What the budget
+costs where off is the best arm: on the long-tail benchmark's lock step (8 rounds, plain / A/A / adaptive
+side by side), the adaptive rollouts' drafting steps cost 0.41 / 0.73 /
 0.70 / 0.45% of their decode time at batch 1 / 4 / 16 / 64 with 0.5%, 0.26 / 0.35 / 0.14 / 0.08% with 0.2%
 (a play at batch 64 costs ~5 off steps: 2% of a 250-step rollout, one play every ~10 such rollouts).
 Simulated (benchmark-like schedules at batch 1 / 4 / 16 / 64, drafters whose acceptance varies from rollout
