@@ -425,15 +425,54 @@ class ControlPlane:
                         self.coord("request_rollout", [g["worker_id"]], "rollout phase over")
                         self.coord("report_state", g["worker_id"], "IDLE", "phase over", 0, g["grant_id"])
         for i in sorted(dead, reverse=True):  # later steps shard over the surviving actors
-            self.rollout.remove(i)
-            self.rollout_clients.pop(i).close()
-            del self.worker_ids[i]
+            self._drop_rollout(i)
         phase_end = time.time()
         self.spot_grants += self._take_back(training, list(training), "rollout phase over: policy update")
         trained: dict[str, float] = {}
         for out in self.spot_grants:
             trained[str(out["worker"])] = trained.get(str(out["worker"]), 0.0) + out["trained_seconds"]
         return [results[i] for i in sorted(results)], trained, phase_end
+
+    def _drop_rollout(self, i: int) -> None:
+        """Remove rollout actor ``i`` (pool index, dead) from the pool, its client and the worker ids."""
+        self.rollout.remove(i)
+        self.rollout_clients.pop(i).close()
+        del self.worker_ids[i]
+
+    def _each_rollout(self, what: str, call) -> list:
+        """``call(i)`` for every rollout actor, in parallel; an actor found dead (Ray says so, or its gRPC
+        server is gone) is reported FAILED to the coordinator and dropped, so later steps run on the survivors.
+
+        Returns the survivors' results in pool order. Raises ``RuntimeError`` if every actor died, and any
+        other error as it is (a bug is not a fault)."""
+        n = len(self.rollout)
+        with cf.ThreadPoolExecutor(max_workers=max(1, n)) as ex:
+            futures = [ex.submit(call, i) for i in range(n)]
+        out, dead = {}, []
+        for i, f in enumerate(futures):
+            try:
+                out[i] = f.result()
+            except Exception as e:
+                if not (actor_died(e) or _unavailable(e)):
+                    raise
+                dead.append(i)
+                w = str(self.worker_ids[i])
+                self.coord(
+                    "report_state", w, "FAILED", f"rollout actor died during {what}: {type(e).__name__}"
+                )
+                self.log(f"rollout actor {w} died during {what}; later steps run on the survivors")
+        if dead and len(dead) == n:
+            raise RuntimeError(f"every rollout actor died during {what}")
+        for i in reversed(dead):
+            self._drop_rollout(i)
+        return [out[i] for i in sorted(out)]
+
+    def load_weights(self, state, version: int) -> None:
+        """Weight sync: every rollout actor loads the policy ``state`` (a state dict, or its Ray object ref)
+        at ``version``; an actor that dies meanwhile is dropped (``_each_rollout``)."""
+        self._each_rollout(
+            "weight sync", lambda i: self.rollout.submit(i, "load_weights", state, version).result()
+        )
 
     # ------------------------------------------------------------------ phase boundary
     def gated_drafters(self) -> list[str]:
@@ -454,8 +493,7 @@ class ControlPlane:
     def tune(self, results: list[ShardResult]) -> dict:
         """The tuner's merged table to every rollout actor (gRPC); the row's tuner statistics."""
         table = self.strategy_table()
-        for c in self.rollout_clients:
-            c.set_table(table)
+        self._each_rollout("table update", lambda i: self.rollout_clients[i].set_table(table))
         stats = self.tuner_client.status()
         choices: dict[str, int] = {}
         for res in results:
@@ -496,8 +534,7 @@ class ControlPlane:
             if avg is not None:
                 self.spot.call_all("load_head", [(avg,)] * k)
             dv, path = self.spot.call(0, "publish")
-            for c in self.rollout_clients:
-                c.load_drafter(dv, path)
+            self._each_rollout("drafter load", lambda i: self.rollout_clients[i].load_drafter(dv, path))
             self.drafter_version = dv
             trained = [g for g in self.spot_grants if g.get("steps_in_grant", 0) > 0]
             if trained[-1].get("top1") is not None:

@@ -350,7 +350,7 @@ class RLDriver:
             import ray
 
             state = ray.put(state)
-        self.plane.rollout.call_all("load_weights", [(state, version)] * len(self.plane.rollout))
+        self.plane.load_weights(state, version)
         sync_s = time.perf_counter() - t0
         spot_row = self.plane.after_update(state, version)
         bubble = self.bubbles.metrics(step)

@@ -5,7 +5,6 @@ workers' own reports and the step completes)."""
 
 import threading
 import time
-from collections import Counter
 
 from services.common.config import load_config
 from services.pipeline.driver import RLDriver
@@ -33,30 +32,69 @@ def _config(tiny_policy_dir, *extra):
     )
 
 
+def _kill_after_submit(pool, member: int, method: str, delay_s: float, kill) -> list[float]:
+    """Kill ``pool.members[member]`` ``delay_s`` after its first ``method`` call is submitted (so the kill
+    lands while that call runs, whatever the machine's speed), or, with ``delay_s=None``, just before it is
+    submitted (the call finds the actor dead); returns a list that gets the kill's time."""
+    submit, killed = pool.submit, []
+
+    def spy(i, m, *args):
+        fire = None
+        if i == member and m == method and not killed:
+            victim = pool.members[i]
+            killed.append(0.0)
+
+            def fire():
+                killed[0] = time.monotonic()
+                kill(victim)
+
+            if delay_s is None:
+                fire()
+        fut = submit(i, m, *args)
+        if fire is not None and delay_s is not None:
+            threading.Timer(delay_s, fire).start()
+        return fut
+
+    pool.submit = spy
+    return killed
+
+
 def test_kill_rollout_actor_mid_rollout(tmp_path, tiny_policy_dir, ray_cluster):
     driver = RLDriver(_config(tiny_policy_dir), run_dir=tmp_path / "run")
     driver._start_services()
-    seen: list[Counter] = []
-    original = driver.step
-
-    def step_and_count(step):
-        row = original(step)
-        seen.append(Counter(w["worker"] for w in row["workers"]))
-        return row
-
     try:
-        victim = driver.plane.rollout.members[1]
-        killer = threading.Timer(0.8, lambda: ray_cluster.kill(victim))
-        killer.start()
-        t0 = time.monotonic()
-        row = step_and_count(1)
-        assert time.monotonic() - t0 > 0.8, "the rollout ended before the kill: the test proved nothing"
+        killed = _kill_after_submit(driver.plane.rollout, 1, "rollout", 0.05, ray_cluster.kill)
+        row = driver.step(1)
+        assert killed and killed[0] > 0
+        # the victim's shard came back from the survivor: the kill landed before that shard returned
+        assert {w["worker"] for w in row["workers"]} == {0}, (
+            "the victim returned its shard: no fault was shown"
+        )
         assert driver.plane.coordinator.states()["1"] == "FAILED"
         assert driver.plane.worker_ids == [0] and len(driver.plane.rollout) == 1
         assert sum(w["requests"] for w in row["workers"]) == B * G
         assert row["tokens_generated"] == sum(w["tokens"] for w in row["workers"])
-        row2 = step_and_count(2)  # the next step runs on the survivor alone
+        row2 = driver.step(2)  # the next step runs on the survivor alone
         assert [w["worker"] for w in row2["workers"]] == [0] and row2["workers"][0]["requests"] == B * G
+    finally:
+        driver._stop_services()
+
+
+def test_kill_rollout_actor_during_weight_sync(tmp_path, tiny_policy_dir, ray_cluster):
+    """A rollout actor dies while the new policy weights load: it is marked FAILED and dropped, the step
+    ends, and the next step runs on the survivor with every response."""
+    driver = RLDriver(_config(tiny_policy_dir), run_dir=tmp_path / "run")
+    driver._start_services()
+    try:
+        killed = _kill_after_submit(driver.plane.rollout, 1, "load_weights", None, ray_cluster.kill)
+        row = driver.step(1)
+        assert killed and killed[0] > 0
+        assert sorted(w["worker"] for w in row["workers"]) == [0, 1]  # the rollout itself ran on both
+        assert driver.plane.coordinator.states()["1"] == "FAILED"
+        assert driver.plane.worker_ids == [0] and len(driver.plane.rollout) == 1
+        row2 = driver.step(2)
+        assert [w["worker"] for w in row2["workers"]] == [0] and row2["workers"][0]["requests"] == B * G
+        assert row2["policy_version"] == row["policy_version"] + 1
     finally:
         driver._stop_services()
 
@@ -70,11 +108,11 @@ def test_kill_coordinator_mid_rollout(tmp_path, tiny_policy_dir, ray_cluster):
     try:
         first = driver.plane.coordinator_address
         victim = driver.plane.coordinator_pool.members[0]
-        killer = threading.Timer(0.8, lambda: ray_cluster.kill(victim))
-        killer.start()
-        t0 = time.monotonic()
+        killed = _kill_after_submit(
+            driver.plane.rollout, 0, "rollout", 0.05, lambda _: ray_cluster.kill(victim)
+        )
         row = driver.step(1)
-        assert time.monotonic() - t0 > 0.8, "the rollout ended before the kill: the test proved nothing"
+        assert killed and killed[0] > 0
         assert driver.plane.coordinator_restarts == 1 and driver.plane.coordinator_address != first
         assert sum(w["requests"] for w in row["workers"]) == B * G
         assert driver.plane.coordinator.states() == {"0": "IDLE", "1": "IDLE"}
