@@ -1253,8 +1253,8 @@ def off_step_ratio(runs: list[RunResult], plains: list[RunResult]) -> list[dict]
     occurred): the adaptive engine's cost with nothing to draft, apart from its drafting steps
     (``exploration_regret``). 1.005 = its off steps ran 0.5% slower than plain's. Split by how the engine played
     them: ``leased`` (under the policy's lease: plain's code path exactly, since plain decoding holds a lease from
-    its first step) and ``asked`` (the policy chose off: the steps that decided a quiet run, off's samples, quiet
-    steps a lease did not cover). Returns ``[{rep, batch_size, off_steps_vs_plain, off_steps, leased_share,
+    its first step; off's samples among them) and ``asked`` (the policy chose off: the steps that decided a quiet
+    run, quiet steps a lease did not cover). Returns ``[{rep, batch_size, off_steps_vs_plain, off_steps, leased_share,
     leased_vs_plain, asked_vs_plain}]`` (a ratio is None with no such step); rollouts with no off step or no
     plain of the same round are left out."""
     out = []
@@ -1484,8 +1484,8 @@ def write_markdown(result: dict, path: Path) -> str:
             "plain's seconds per token, as a share of their decode time (mean over rounds). Off steps vs plain: "
             "the adaptive rollouts' off steps' time over the same round's plain step times at the same batch "
             "sizes (`off_step_ratio`; mean over rounds): its cost with nothing to draft; split into the share "
-            "played under the policy's lease (plain's code path) and those the policy was asked about (a "
-            "quiet run's deciding step, off's samples), each vs plain.",
+            "played under the policy's lease (plain's code path; off's samples among them) and those the "
+            "policy was asked about (a quiet run's deciding step), each vs plain.",
             "",
             "| batch | adaptive vs plain (mean +- se) | A/A (mean +- se) | slowdown bound | not worse (point) "
             "| not worse (2 se) | drafting steps' cost | off steps vs plain | leased share | leased vs plain "

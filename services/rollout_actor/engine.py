@@ -61,6 +61,7 @@ from services.rollout_actor.speculative.strategy import (
     OFF,
     FixedPolicy,
     Lease,
+    LeaseSample,
     StepObservation,
     Strategy,
     StrategyPolicy,
@@ -503,9 +504,13 @@ class Engine:
         rows = sorted(self.running, key=lambda r: r.slot)
         b = len(rows)
         lease = self._lease
-        leased = lease is not None and lease.left > 0 and lease.lo <= b < lease.hi
+        if lease is not None and not (lease.left > 0 and lease.lo <= b < lease.hi):
+            lease = self._lease = lease.covering(b)  # another of the policy's leases, or none: ask
+        leased = lease is not None
         if leased:  # a plain step the policy has vouched for (strategy.py: leases): not asked, not told
-            lease.left -= 1
+            sampled = lease.take()  # a sampled one is timed for the policy too (strategy.py: leases)
+            if sampled:
+                tt0 = time.thread_time()
             strategies = [OFF] * b
             drafts = [DraftTree() for _ in rows]
         else:
@@ -651,6 +656,10 @@ class Engine:
         captured = self.graphed.pool.stats.capture_seconds - capture0 if self.graphed is not None else 0.0
         if leased:
             arm = OFF.name
+            if sampled:
+                lease.samples.append(
+                    LeaseSample(b, committed_total, seconds, time.thread_time() - tt0, captured, lease.left)
+                )
         else:
             arm = strategies[0].name if len({s.name for s in strategies}) == 1 else "mixed"
         self.step_log.append(

@@ -1332,6 +1332,11 @@ class TablePolicy:
             if settled:  # its off steps do not update the reference (fast path): the table's until it moves
                 self._off_spt[i] = None
 
+    @property
+    def off_arm(self) -> Arm | None:
+        """The table's off arm (the object ``choose`` returns for it)."""
+        return self._off_arm
+
     def bucket_of(self, batch_size: int) -> int:
         return _bucket_index(self.edges, batch_size)
 
@@ -1388,6 +1393,14 @@ class TablePolicy:
             return k
         self._forced[i] = name
         return pos
+
+    def plan_run(self, bucket: int, k: int) -> int:
+        """``quiet_run`` for a bucket the caller is not in yet (it plans the buckets its batch size passes through
+        next): how many of the bucket's next steps are certain to be greedy off steps, at most ``k``; 0 when its
+        next step is already drawn (an exploration drawn ahead) or is not certain to be off."""
+        if bucket in self._forced:
+            return 0
+        return self.quiet_run(self.bucket_range(bucket)[0], k)
 
     def _next_exploration(self, lean: tuple, limit: int) -> tuple[int, str | None]:
         """The draws of an exploring bucket (``_lean``'s entry) over the next ``limit`` steps: the position

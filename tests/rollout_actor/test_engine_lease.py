@@ -116,3 +116,57 @@ def test_cpu_clock_records_each_steps_cpu_time(tiny_model):
     off = Engine(tiny_model, max_batch_size=2, max_seq_len=64, eos_token_ids=[])
     off.generate(_reqs(2))
     assert all(s.cpu_seconds is None for s in off.step_log)
+
+
+class Sampling(Bounded):
+    """Leases ``k`` steps at every batch size, asking for a sample of its 2nd step and every 3rd after it."""
+
+    def observe(self, obs):
+        self.lease = Lease(self.k, self.lo, self.hi, sample_in=2, sample_every=3)
+        self.leases.append(self.lease)
+
+
+def test_the_engine_times_the_sampled_leased_steps_into_the_lease(tiny_model):
+    pol = Sampling(7, 1, math.inf)
+    eng = Engine(tiny_model, max_batch_size=3, max_seq_len=64, eos_token_ids=[], policy=pol)
+    eng.generate(_reqs())
+    log = eng.step_log
+    # the leased steps in order, each with its lease and its step in it (1-based)
+    leased, lease_i, at = [], -1, 0
+    for s in log:
+        if s.leased:
+            at += 1
+            leased.append((s, lease_i, at))
+        else:
+            lease_i, at = lease_i + 1, 0
+    want = [(s, i, a) for s, i, a in leased if a in (2, 5)]
+    got = [(i, x) for i, lease in enumerate(pol.leases) for x in lease.samples]
+    assert len(got) == len(want) > 0
+    for (s, i, a), (j, x) in zip(want, got):
+        assert i == j and x.left == 7 - a
+        assert (x.batch_size, x.committed_tokens, x.seconds) == (s.batch_size, s.committed, s.seconds)
+        assert x.thread_seconds >= 0 and x.capture_seconds == 0
+
+
+class Chained(Bounded):
+    """After every step it is asked about: one lease of ``k`` steps for batch sizes < 3 and one for >= 3, in a
+    shared chain, handing the engine the second."""
+
+    def observe(self, obs):
+        chain: list[Lease] = []
+        chain += [Lease(self.k, 1, 3, chain=chain), Lease(self.k, 3, math.inf, chain=chain)]
+        self.leases += chain
+        self.lease = chain[1]
+
+
+def test_the_engine_plays_a_step_under_whichever_lease_of_the_chain_covers_it(tiny_model):
+    pol = Chained(100, 1, math.inf)
+    eng = Engine(tiny_model, max_batch_size=5, max_seq_len=64, eos_token_ids=[], policy=pol)
+    eng.generate(_reqs())
+    log = eng.step_log
+    sizes = [s.batch_size for s in log]
+    assert min(sizes) < 3 <= max(sizes)  # the rollout passes from one lease's range into the other's
+    assert len(pol.chosen) == 1 and all(s.leased for s in log[1:])
+    small, large = pol.leases
+    assert 100 - small.left == sum(1 for s in log[1:] if s.batch_size < 3)
+    assert 100 - large.left == sum(1 for s in log[1:] if s.batch_size >= 3)

@@ -4,11 +4,13 @@ are played without clock, table or record, at most ``sample_every - 1`` between 
 carry their count. Counts stay exact (choices at every drain, observations once carried), the exploration law
 and the regret ledger's bound are kept."""
 
+import math
+
 import pytest
 
 import services.tuner.policy as policy_mod
 from services.rollout_actor.speculative.base import DraftRequest
-from services.rollout_actor.speculative.strategy import StepObservation
+from services.rollout_actor.speculative.strategy import Lease, LeaseSample, StepObservation
 from services.tuner.arms import OFF, Arm, TunerConfigError
 from services.tuner.bandit import BanditConfig, BucketedBandit
 from services.tuner.grpc_service import observation_from_pb, observation_to_pb
@@ -67,15 +69,16 @@ def clock_reads(monkeypatch):
 
 
 def test_settled_off_buckets_measure_one_step_in_k_and_count_every_step(clock_reads):
-    policy = TunedStrategyPolicy(table(), clock="thread", sample_every=8)
+    policy = TunedStrategyPolicy(table(), clock="thread", sample_every=8, run_samples=4)
     for _ in range(100):
         assert step(policy, 1) == OFF.name
     for _ in range(37):
         step(policy, 5)
-    # decided (a run of 7 starts, no clock): steps 1, 9, ..., 97 at batch 1 and 1, 9, ..., 33 at batch 5; off's
-    # samples are the runs' steps after their first 3 quiet ones, 5, 13, ..., 93 (12; the run decided at 97
-    # ends before its sample) and 5, 13, ..., 37 (5): two clock reads each, and one per decision (18)
-    assert clock_reads[0] == 2 * (12 + 5) + (13 + 5)
+    # decided (a run of 4 * 8 - 1 quiet steps starts, no clock): steps 1, 33, 65, 97 at batch 1 and 1, 33 at
+    # batch 5; off's samples are the runs' steps after their first 3 quiet ones and every 8th after that, 5, 13,
+    # ..., 93 (12; the run decided at 97 ends before its sample) and 5, 13, ..., 37 (5): two clock reads each,
+    # and one per decision (6)
+    assert clock_reads[0] == 2 * (12 + 5) + (4 + 2)
     assert policy.drain_choices() == {OFF.name: 137}  # quiet steps counted exactly
     obs = policy.drain_observations()
     assert len(obs) == 17
@@ -248,7 +251,7 @@ def test_the_ledger_still_bounds_exploration_with_quiet_runs():
         reqs = [DraftRequest("r0", "p0", [1, 2, 3], 2, None)]
         s = policy.choose(reqs)[0]
         seconds = off_s if s.is_off else 3 * off_s
-        quiet += policy._was_quiet
+        quiet += policy._quiet == 1
         policy.observe(StepObservation(1, s.name, 1, 0, 0, seconds))
         if s.is_off:
             greedy_s += seconds
@@ -318,11 +321,11 @@ def test_quiet_runs_span_the_batch_sizes_of_a_bucket(clock_reads):
     run is the bucket's, not one batch size's, so a new batch size in the same bucket does not cost a measured
     step. 120 steps at batch sizes 31 down to 16 (edges 1, 4, 16: one bucket, settled on off), 8 steps each:
     one measured step in 8, as at a fixed batch size (one per batch size before: 16), and every step counted."""
-    policy = TunedStrategyPolicy(table(edges=(1, 4, 16)), clock="thread", sample_every=8)
+    policy = TunedStrategyPolicy(table(edges=(1, 4, 16)), clock="thread", sample_every=8, run_samples=4)
     sizes = [31 - j // 8 for j in range(128)]
     for n in sizes:
         assert step(policy, n) == OFF.name
-    assert clock_reads[0] == 2 * (128 // 8) + 128 // 8  # a sample and a decision per run
+    assert clock_reads[0] == 2 * (128 // 8) + 128 // 32  # a sample in 8 steps, a decision per run of 32
     assert policy.drain_choices() == {OFF.name: 128}
     obs = policy.drain_observations()
     # sampled at the fifth step of every 8: batch sizes 31, 30, ..., 16; the first carries 5 steps, each later
@@ -359,37 +362,49 @@ def test_an_exploration_the_ledger_holds_back_is_a_quiet_step():
     assert abs(rate - 0.2) < 4 * (0.2 * 0.8 / 4000) ** 0.5
 
 
-def test_a_run_ends_when_the_batch_size_leaves_its_bucket_and_counts_stay_exact(clock_reads):
-    """One quiet run at a time: a step in another bucket ends it (its unplayed steps are taken back) and decides
-    a run there; back in the first bucket, its next sample carries the steps played there since its last one."""
-    policy = TunedStrategyPolicy(table(edges=(1, 4, 16)), clock="thread", sample_every=8)
-    # bucket 2: decided, 3 quiet steps, sampled (carrying 5), 1 of the run's last 3 quiet steps
-    for n in (20, 17, 30, 25, 18, 22):
-        step(policy, n)
-    step(policy, 2)  # bucket 0: the bucket-2 run ends with 2 steps unplayed; a run is decided here
-    for n in (3, 1, 2, 3):  # its 3 quiet steps and its sample (carrying 5)
-        step(policy, n)
-    step(policy, 20)  # bucket 2: bucket 0's run ends; decided
-    assert clock_reads[0] == 2 * 2 + 3  # two samples, three decisions
+def test_each_bucket_keeps_its_run_and_a_decision_plans_the_buckets_below():
+    """One quiet run per bucket: the step that decides bucket 2's run (batch 20) also plans runs for buckets 0
+    and 1 below it (settled on off: 4 * 8 - 1 quiet steps each), so the long tail's batch sizes 9 ... 1 are
+    played under the lease without a decision, and back in bucket 2 its run goes on. Counts stay exact, and
+    each bucket's off samples carry that bucket's steps."""
+    policy = TunedStrategyPolicy(table(edges=(1, 4, 16)), clock="engine", sample_every=8)
+    eng = LeasingEngine(policy)
+    sizes = [20, 17, 30, 25, 18, 22] + [9, 8, 6, 5, 4] + [3, 3, 2, 2, 1, 1] + [20, 21]
+    for n in sizes:
+        eng.step(n)
+    assert eng.asked == 1
+    # each run's 4th quiet step is sampled: 18 (bucket 2), 5 (bucket 1), 2 (bucket 0)
+    assert [sizes[t - 1] for t in eng.sampled] == [18, 5, 2]
+    assert policy.drain_choices() == {OFF.name: len(sizes)}
     obs = policy.drain_observations()
-    assert [(o["batch_size"], o["steps"]) for o in obs] == [(18, 5), (3, 5)]
-    assert policy.drain_choices() == {OFF.name: 12}
-    for n in (20, 21, 22, 23, 25):  # decided (the drain ended the run), 3 quiet steps, sampled
-        step(policy, n)
-    # the sample carries bucket 2's quiet step at 22, the two decisions, the 3 quiet steps and itself
-    assert [(o["batch_size"], o["steps"]) for o in policy.drain_observations()] == [(25, 7)]
+    # bucket 2's sample carries its deciding step too; the steps after each sample ride on the next
+    assert [(o["batch_size"], o["steps"]) for o in obs] == [(18, 5), (2, 4), (5, 4)]
+    assert policy._owed == {2: 3, 1: 1, 0: 2}
+    # the drain ended the runs: the next step decides again (the lowest bucket: nothing below to plan)
+    eng.lease = None
+    eng.step(2)
+    assert eng.asked == 2 and policy.lease is not None and policy.lease.lo == 1 and policy.lease.hi == 4
+    assert [ls.lo for ls in policy.lease.chain] == [1]
 
 
 class LeasingEngine:
-    """Plays steps as ``Engine`` does with leases (``speculative/strategy.py``): a leased step asks nothing."""
+    """Plays steps as ``Engine`` does with leases (``speculative/strategy.py``): a leased step asks nothing, and
+    a sampled one is recorded in the lease (with ``step``'s seconds)."""
 
     def __init__(self, policy: TunedStrategyPolicy):
         self.policy, self.lease, self.asked = policy, None, 0
+        self.t = 0  # steps played
+        self.sampled: list[int] = []  # the steps (1-based) sampled under a lease
 
     def step(self, b: int) -> str:
         lease = self.lease
-        if lease is not None and lease.left > 0 and lease.lo <= b < lease.hi:
-            lease.left -= 1
+        self.t += 1
+        if lease is not None and not (lease.left > 0 and lease.lo <= b < lease.hi):
+            lease = self.lease = lease.covering(b)
+        if lease is not None:
+            if lease.take():
+                lease.samples.append(LeaseSample(b, b, 0.002, 0.0, 0.0, lease.left))
+                self.sampled.append(self.t)
             return OFF.name
         self.asked += 1
         name = step(self.policy, b)
@@ -446,14 +461,41 @@ def test_steps_played_under_the_lease_change_nothing_but_the_calls(seed):
 def test_off_is_sampled_after_the_runs_first_quiet_steps(sample_every, period, sample_at, clock_reads):
     """A run of q = sample_every - 1 quiet steps: off's sample is its step after min(3, q - 1) quiet ones (the
     decision's cold-cache slowdown lasts a few steps), so the sample is step ``sample_at`` of every ``period``,
-    and a caller honouring the lease is asked about the decision and the sample only."""
-    policy = TunedStrategyPolicy(table(), clock="engine", sample_every=sample_every)
+    and a caller honouring the lease is asked about the decision only: it samples the step under the lease."""
+    policy = TunedStrategyPolicy(table(), clock="engine", sample_every=sample_every, run_samples=1)
     eng = LeasingEngine(policy)
-    sampled = []
-    for t in range(1, 4 * period + 1):
-        before = len(policy.table._pending)
+    for _ in range(4 * period):
         eng.step(1)
-        if len(policy.table._pending) > before:
-            sampled.append(t)
-    assert sampled == [sample_at + k * period for k in range(4)]
-    assert eng.asked == 2 * 4
+    assert eng.sampled == [sample_at + k * period for k in range(4)]
+    assert eng.asked == 4
+    # each sample reaches the table at the next decision, carrying the steps since the previous one
+    obs = policy.drain_observations()
+    assert [o["steps"] for o in obs] == [sample_at] + [period] * 3
+
+
+def test_a_run_holds_up_to_run_samples_samples_and_the_engine_is_asked_once_per_run():
+    """``run_samples`` = 4: a run of 4 * sample_every - 1 quiet steps holds off's samples at its steps
+    4, 4 + 8, ... (sample_every = 8), all taken under the lease, so a caller honouring it is asked about one
+    step per run of 32; each sample carries the 8 steps since the previous one (the first: its run's first 5,
+    the decision included), and the steps after the last ride on the next run's first."""
+    policy = TunedStrategyPolicy(table(), clock="engine", sample_every=8, run_samples=4)
+    eng = LeasingEngine(policy)
+    for _ in range(3 * 32):
+        eng.step(1)
+    assert eng.asked == 3
+    assert eng.sampled == [r * 32 + 1 + p for r in range(3) for p in (4, 12, 20, 28)]
+    assert policy.drain_choices() == {OFF.name: 96}
+    obs = policy.drain_observations()
+    assert [o["steps"] for o in obs] == [5] + [8] * 11
+    assert all(o["seconds"] == pytest.approx(0.002) and o["committed_tokens"] == 1 for o in obs)
+    with pytest.raises(TunerConfigError, match="run_samples"):
+        TunedStrategyPolicy(table(), run_samples=0)
+
+
+def test_lease_samples_take_the_steps_asked_for():
+    lease = Lease(10, sample_in=3, sample_every=4)
+    taken = [lease.take() for _ in range(10)]
+    assert [i + 1 for i, t in enumerate(taken) if t] == [3, 7]
+    assert lease.left == 0
+    plain = Lease(math.inf)  # FixedPolicy(off)'s: never samples
+    assert not any(plain.take() for _ in range(1000)) and plain.left == math.inf
