@@ -1408,15 +1408,21 @@ class TablePolicy:
         None)``; the explorations it holds back are greedy steps (counted in ``deferred``)."""
         _, i, log_q, total, explore, probs = lean
         rng = self._rng
+        # the ledger's balances do not move over the run: which arms it lets play is known once (a bucket whose
+        # arms are all in debt drew ~50 held-back explorations per 1,023-step run, each checked against the
+        # ledger: ~0.3 ms per run, a fifth of a batch-4 rollout's policy time)
+        playable = {n for n in explore if self._may_play(i, n)}
         pos = 0
         while True:
             # failures before the first success of Bernoulli(total) trials: floor(log(u) / log(1 - total))
             pos += int(math.log(1.0 - rng.random()) / log_q)
             if pos >= limit:
                 return limit, None
-            name = _draw(explore, probs, rng.random() * total)
-            if name is not None and self._may_play(i, name):
-                return pos, name
+            u = rng.random() * total  # drawn either way: the same sequence of draws as ``choose``'s
+            if playable:
+                name = _draw(explore, probs, u)
+                if name in playable:
+                    return pos, name
             self.deferred += 1
             pos += 1
 
