@@ -77,7 +77,12 @@ Never-worse rounds (``--never-worse-reps``, default 8; ``--quick`` 2; 0 = off), 
 adaptive and plain-again alone in lock step, more rounds at a third of the engines' cost. "Never worse than
 plain" is a claim about a gap of ~1% or less; three 12-engine rounds resolve ~1%. Here each round's ratio is
 taken against the mean of the two plain makespans, and the mean over rounds comes with its standard error and
-the largest slowdown it is consistent with (``lockstep.never_worse``, ``never_worse_table``).
+the largest slowdown it is consistent with (``lockstep.never_worse``, ``never_worse_table``). Then
+``--never-worse-procs`` fresh processes (default 3; ``--quick`` 0) repeat those rounds, each with its own model
+load, history and warm-up: one process's rounds share its memory layout, which shifted one configuration by up to
+~0.5% against another for all of them (focused runs of the same code at batch 4: 0.9938 +- 0.0019 in one
+process, 1.0017 +- 0.0030 in the next), more than the rounds' own standard error admits. The verdict pools all
+rounds and takes the larger of the rounds' standard error and that of the processes' means.
 
 Metrics per run: makespan (wall time of the whole rollout) and the process CPU time (vLLM: its runner
 process's), tokens/s (generated
@@ -113,8 +118,10 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -158,6 +165,8 @@ PLAIN, ADAPTIVE, ADAPTIVE_COLD = "plain", "adaptive", "adaptive-cold"
 PLAIN_AGAIN = "plain-again"  # lock-step A/A control: a second plain engine
 # the never-worse rounds' repetition numbers start here (apart from the lock-step rounds')
 NEVER_WORSE_REP0 = 100
+# the never-worse rounds of fresh process p (``--never-worse-procs``) are numbered from NEVER_WORSE_REP0 + p * this
+NEVER_WORSE_PROC_STRIDE = 1000
 HF_PLAIN, HF_PLD = "hf-plain", "hf-pld"
 LENGTH_TOLERANCE = 0.15
 LONGTAIL_GOAL = 3.0  # long-tail tokens/s vs plain
@@ -1160,13 +1169,19 @@ def never_worse_table(runs: list[RunResult], batch_sizes: list[int]) -> dict:
     side), per batch size: is the adaptive policy slower than plain decoding by more than these rounds can
     resolve? Per round k: ``r_k = (plain_k + plain-again_k) / 2 / adaptive_k`` (two plain references halve the
     reference's own noise) and the A/A ratio ``plain_k / plain-again_k``. Reported: the mean of r over rounds
-    and its standard error (``se = sd / sqrt(n)``), the A/A's likewise; ``slowdown_bound`` = ``1 - (mean -
-    2 se)``, the largest slowdown consistent with the rounds at two standard errors; ``not_worse`` = ``mean(r)
-    >= 1`` (point estimate), ``not_worse_2se`` = ``mean(r) + 2 se >= 1`` (no slowdown the rounds can tell from
-    zero: read it with ``resolution`` = ``2 se``, what the rounds could tell at all). Rounds are matched by
+    and its standard error (``se = sd / sqrt(n)``), the A/A's likewise. Rounds from several processes
+    (``--never-worse-procs``; a round's process is ``(rep - NEVER_WORSE_REP0) // NEVER_WORSE_PROC_STRIDE``):
+    each process's mean of r (``process_means``) and the standard error of their mean (``process_se``, with two
+    or more processes): a process-wide shift (memory layout; it moved the ratio by up to ~0.5% for all of one
+    process's rounds here) is the same for all its rounds, so ``se`` alone understates the uncertainty;
+    ``se_verdict = max(se, process_se)``. ``slowdown_bound`` = ``1 - (mean - 2 se_verdict)``, the largest
+    slowdown consistent with the rounds at two standard errors; ``not_worse`` = ``mean(r) >= 1`` (point
+    estimate), ``not_worse_2se`` = ``mean(r) + 2 se_verdict >= 1`` (no slowdown the rounds can tell from zero:
+    read it with ``resolution`` = ``2 se_verdict``, what the rounds could tell at all). Rounds are matched by
     repetition; a round missing a configuration is left out. With fewer than two rounds there is no se: the
-    se-based fields are None. Returns ``{str(b): {rounds, ratio_mean, ratio_se, ratio_all, aa_mean, aa_se,
-    aa_all, slowdown_bound, resolution, not_worse, not_worse_2se}}``."""
+    se-based fields are None. Returns ``{str(b): {rounds, processes, ratio_mean, ratio_se, process_means,
+    process_se, se_verdict, ratio_all, aa_mean, aa_se, aa_all, slowdown_bound, resolution, not_worse,
+    not_worse_2se}}``."""
     out: dict = {}
     for b in batch_sizes:
         by = {(r.config, r.rep): r.makespan_s for r in runs if r.batch_size == b}
@@ -1181,21 +1196,68 @@ def never_worse_table(runs: list[RunResult], batch_sizes: list[int]) -> dict:
         aa = [by[(PLAIN, k)] / by[(PLAIN_AGAIN, k)] for k in reps]
         se = statistics.stdev(r) / math.sqrt(len(r)) if len(r) > 1 else None
         aa_se = statistics.stdev(aa) / math.sqrt(len(aa)) if len(aa) > 1 else None
+        per_proc: dict[int, list[float]] = {}
+        for k, x in zip(reps, r):
+            per_proc.setdefault((k - NEVER_WORSE_REP0) // NEVER_WORSE_PROC_STRIDE, []).append(x)
+        pm = [statistics.fmean(v) for _, v in sorted(per_proc.items())]
+        p_se = statistics.stdev(pm) / math.sqrt(len(pm)) if len(pm) > 1 else None
+        se_v = None if se is None else max(se, p_se or 0.0)
         mean = statistics.fmean(r)
         out[str(b)] = {
             "rounds": len(reps),
+            "processes": len(pm),
             "ratio_mean": mean,
             "ratio_se": se,
+            "process_means": [round(x, 4) for x in pm],
+            "process_se": p_se,
+            "se_verdict": se_v,
             "ratio_all": [round(x, 4) for x in r],
             "aa_mean": statistics.fmean(aa),
             "aa_se": aa_se,
             "aa_all": [round(x, 4) for x in aa],
-            "slowdown_bound": None if se is None else 1.0 - (mean - 2.0 * se),
-            "resolution": None if se is None else 2.0 * se,
+            "slowdown_bound": None if se_v is None else 1.0 - (mean - 2.0 * se_v),
+            "resolution": None if se_v is None else 2.0 * se_v,
             "not_worse": mean >= 1.0,
-            "not_worse_2se": None if se is None else mean + 2.0 * se >= 1.0,
+            "not_worse_2se": None if se_v is None else mean + 2.0 * se_v >= 1.0,
         }
     return out
+
+
+def never_worse_process(args: argparse.Namespace, p: int) -> list[RunResult]:
+    """Fresh process ``p`` (1, 2, ...) of the never-worse rounds: this benchmark run again with the same
+    arguments, restricted to them (no sequential or 12-engine rounds, no peers; its own model load, history and
+    adaptive warm-up), its rounds numbered from ``NEVER_WORSE_REP0 + p * NEVER_WORSE_PROC_STRIDE`` (so their
+    engine orders differ from this process's). Returns its ``RunResult``s. Raises ``RuntimeError`` (with the
+    end of its output) if the process fails."""
+    with tempfile.TemporaryDirectory(prefix="tailspec-never-worse-") as d:
+        out = Path(d) / "runs.pkl"
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.rollout_longtail",
+            *args.argv,
+            *("--configs", ADAPTIVE, "--reps", "0", "--lockstep-reps", "0", "--no-peers"),
+            *("--never-worse-procs", "0", "--never-worse-child", str(out)),
+            *("--never-worse-rep0", str(NEVER_WORSE_REP0 + p * NEVER_WORSE_PROC_STRIDE)),
+            *("--out-dir", d),
+        ]
+        t = time.perf_counter()
+        print(f"[rollout_longtail] never-worse process {p}: starting", flush=True)
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        )
+        tail: list[str] = []
+        for line in proc.stdout:
+            tail = (tail + [line])[-40:]
+            if "never-worse round" in line:
+                print(f"[rollout_longtail] (process {p}) " + line.split("] ", 1)[-1], end="", flush=True)
+        if proc.wait() != 0 or not out.is_file():
+            raise RuntimeError(
+                f"never-worse process {p} failed (exit {proc.returncode}): {' '.join(cmd)}\n" + "".join(tail)
+            )
+        runs = [RunResult(**r) for r in pickle.loads(out.read_bytes())]
+    print(f"[rollout_longtail] never-worse process {p}: {len(runs)} runs ({time.perf_counter() - t:.0f} s)")
+    return runs
 
 
 def _nearest(by_b: dict[int, float], b: int) -> float:
@@ -1477,26 +1539,30 @@ def write_markdown(result: dict, path: Path) -> str:
 
         lines += [
             "",
-            f"Never worse than plain ({nw['rounds']} lock-step rounds of plain, adaptive and plain-again alone; "
-            "`never_worse_table`): ratio = mean of the two plain makespans / adaptive's, per round; mean +- "
-            "standard error over rounds; the slowdown bound is the largest slowdown consistent with the rounds "
-            "at two standard errors. Drafting steps' cost: the adaptive rollouts' drafting steps' time beyond "
+            f"Never worse than plain ({nw['rounds']} lock-step rounds of plain, adaptive and plain-again alone "
+            f"in each of {nw.get('processes', 1)} processes; `never_worse_table`): ratio = mean of the two plain "
+            "makespans / adaptive's, per round; mean +- standard error over all rounds, and over the processes' "
+            "means (a process-wide shift, e.g. memory layout, is common to all its rounds); the verdict and "
+            "the slowdown bound (the largest slowdown consistent with the rounds at two standard errors) use "
+            "the larger of the two. Drafting steps' cost: the adaptive rollouts' drafting steps' time beyond "
             "plain's seconds per token, as a share of their decode time (mean over rounds). Off steps vs plain: "
             "the adaptive rollouts' off steps' time over the same round's plain step times at the same batch "
             "sizes (`off_step_ratio`; mean over rounds): its cost with nothing to draft; split into the share "
             "played under the policy's lease (plain's code path; off's samples among them) and those the "
             "policy was asked about (a quiet run's deciding step), each vs plain.",
             "",
-            "| batch | adaptive vs plain (mean +- se) | A/A (mean +- se) | slowdown bound | not worse (point) "
-            "| not worse (2 se) | drafting steps' cost | off steps vs plain | leased share | leased vs plain "
-            "| asked off vs plain |",
-            "|---:|---|---|---:|---|---|---:|---:|---:|---:|---:|",
+            "| batch | adaptive vs plain (mean +- se) | per process (se) | A/A (mean +- se) | slowdown bound "
+            "| not worse (point) | not worse (2 se) | drafting steps' cost | off steps vs plain | leased share "
+            "| leased vs plain | asked off vs plain |",
+            "|---:|---|---|---|---:|---|---|---:|---:|---:|---:|---:|",
         ]
         for b, v in nw["results"].items():
             se, aa_se = v.get("ratio_se"), v.get("aa_se")
             c = cost.get(b)
             lines.append(
-                f"| {b} | {v['ratio_mean']:.4f} +- {f(se, '{:.4f}')} | {v['aa_mean']:.4f} +- {f(aa_se, '{:.4f}')} "
+                f"| {b} | {v['ratio_mean']:.4f} +- {f(se, '{:.4f}')} "
+                f"| {' / '.join(f'{x:.4f}' for x in v.get('process_means') or [])} "
+                f"({f(v.get('process_se'), '{:.4f}')}) | {v['aa_mean']:.4f} +- {f(aa_se, '{:.4f}')} "
                 f"| {f(None if v.get('slowdown_bound') is None else 100 * v['slowdown_bound'], '{:.2f}%')} "
                 f"| {v['not_worse']} | {v.get('not_worse_2se')} "
                 f"| {f(None if not c else 100 * statistics.fmean(c), '{:.2f}%')} "
@@ -1669,7 +1735,8 @@ def _lockstep_panel(ax, ls: dict, configs: list[str], cmap) -> None:
 
 def _never_worse_panel(ax, nw: dict, color) -> None:
     """The never-worse rounds (``never_worse_table``): per batch size, adaptive vs the mean of the two plains and
-    the A/A control (plain / plain-again), each its mean over rounds with a +-2 standard error bar."""
+    the A/A control (plain / plain-again), each its mean over rounds with a +-2 standard error bar (adaptive's:
+    the verdict's, ``se_verdict``)."""
     table = nw.get("results") or {}
     if not table:
         ax.text(0.5, 0.5, "never-worse rounds not run", ha="center", va="center", transform=ax.transAxes)
@@ -1677,7 +1744,7 @@ def _never_worse_panel(ax, nw: dict, color) -> None:
         return
     bs = list(table)
     for key, se_key, dx, c, label in (
-        ("ratio_mean", "ratio_se", -0.12, color, "adaptive / mean of the two plains"),
+        ("ratio_mean", "se_verdict", -0.12, color, "adaptive / mean of the two plains"),
         ("aa_mean", "aa_se", 0.12, "0.5", "A/A: plain / plain-again"),
     ):
         ys = [table[b][key] for b in bs]
@@ -1687,7 +1754,10 @@ def _never_worse_panel(ax, nw: dict, color) -> None:
     ax.set_xticks(range(len(bs)), [f"b={b}" for b in bs])
     ax.set_xlim(-0.5, len(bs) - 0.5)
     ax.set_ylabel("x vs plain (mean over rounds, +-2 se)")
-    ax.set_title(f"Never worse than plain? ({nw.get('rounds')} rounds, 3 engines side by side)")
+    ax.set_title(
+        f"Never worse than plain? ({nw.get('rounds')} rounds x {nw.get('processes', 1)} processes, "
+        "3 engines side by side)"
+    )
     ax.legend(fontsize=8)
 
 
@@ -1753,6 +1823,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "verdict with a stated resolution (default 8; --quick 2; 0 = off)",
     )
     ap.add_argument(
+        "--never-worse-procs",
+        type=int,
+        default=None,
+        help="fresh processes that each repeat the never-worse rounds (model load, history, warm-up, rounds) "
+        "after this one's, pooled into the verdict: a process's memory layout shifts a configuration by a few "
+        "tenths of a percent for all its rounds, which rounds in one process cannot average out "
+        "(default 3; --quick 0)",
+    )
+    ap.add_argument("--never-worse-child", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--never-worse-rep0", type=int, default=NEVER_WORSE_REP0, help=argparse.SUPPRESS)
+    ap.add_argument(
         "--quick",
         action="store_true",
         help="1 repetition, at most 2 prompts per batch size, 2 history prompts, smaller bandwidth probe",
@@ -1777,6 +1858,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.never_worse_reps = 2 if args.quick else 8
     if args.never_worse_reps < 0:
         ap.error(f"--never-worse-reps must be >= 0, got {args.never_worse_reps}")
+    if args.never_worse_procs is None:
+        args.never_worse_procs = 0 if args.quick else 3
+    if args.never_worse_procs < 0:
+        ap.error(f"--never-worse-procs must be >= 0, got {args.never_worse_procs}")
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.adaptive_warmup is None:
         args.adaptive_warmup = 1 if args.quick else 6
     if args.history_prompts is None:
@@ -2012,10 +2098,20 @@ def run(args: argparse.Namespace) -> dict:
         # the never-worse rounds: plain, adaptive and plain-again alone (never_worse_table)
         if ADAPTIVE in configs:
             trio = [PLAIN, ADAPTIVE, PLAIN_AGAIN]
-            rounds(trio, args.never_worse_reps, NEVER_WORSE_REP0, "never-worse round", nw_runs)
+            rounds(trio, args.never_worse_reps, args.never_worse_rep0, "never-worse round", nw_runs)
     finally:
         if vllm is not None:
             vllm.close()
+    if (
+        args.never_worse_child is not None
+    ):  # a fresh process of the parent's never-worse rounds: hand them over
+        tmp = Path(str(args.never_worse_child) + ".tmp")
+        tmp.write_bytes(pickle.dumps([vars(r) for r in nw_runs]))  # plain dicts: __main__ differs
+        tmp.replace(args.never_worse_child)
+        return {"never_worse_child": str(args.never_worse_child), "runs": len(nw_runs)}
+    if ADAPTIVE in configs and args.never_worse_reps > 0:
+        for p in range(1, args.never_worse_procs + 1):
+            nw_runs += never_worse_process(args, p)
     if pld_skip:
         skipped[HF_PLD] = f"batch sizes {sorted(pld_skip)}: " + next(iter(pld_skip.values()))
 
@@ -2034,6 +2130,7 @@ def run(args: argparse.Namespace) -> dict:
         "lengths": length_check(lock_runs, lock_ran),
         "never_worse": {
             "rounds": args.never_worse_reps if nw_runs else 0,
+            "processes": 1 + args.never_worse_procs if nw_runs else 0,
             "results": never_worse_table(nw_runs, bsz),
             "regret_vs_off": exploration_regret(
                 [r for r in nw_runs if r.config == ADAPTIVE], [r for r in nw_runs if r.config == PLAIN]
@@ -2160,6 +2257,8 @@ def run(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     result = run(args)
+    if args.never_worse_child is not None:
+        return result
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     jp = out / "rollout_longtail.json"

