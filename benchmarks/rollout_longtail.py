@@ -79,9 +79,9 @@ plain" is a claim about a gap of ~1% or less; three 12-engine rounds resolve ~1%
 taken against the mean of the two plain makespans, and the mean over rounds comes with its standard error and
 the largest slowdown it is consistent with (``lockstep.never_worse``, ``never_worse_table``). Then
 ``--never-worse-procs`` fresh processes (default 3; ``--quick`` 0) repeat those rounds, each with its own model
-load, history and warm-up: one process's rounds share its memory layout, which shifted one configuration by up to
-~0.5% against another for all of them (focused runs of the same code at batch 4: 0.9938 +- 0.0019 in one
-process, 1.0017 +- 0.0030 in the next), more than the rounds' own standard error admits. The verdict pools all
+load, history and warm-up: one process's rounds share whatever that process fixed (memory layout, the
+warm-up's tuner state), and the same code read 0.9938 +- 0.0019 at batch 4 in one process and 1.0017 +- 0.0030
+in the next (focused runs), apart by more than the rounds' own standard errors admit. The verdict pools all
 rounds and takes the larger of the rounds' standard error and that of the processes' means.
 
 Metrics per run: makespan (wall time of the whole rollout) and the process CPU time (vLLM: its runner
@@ -1172,8 +1172,8 @@ def never_worse_table(runs: list[RunResult], batch_sizes: list[int]) -> dict:
     and its standard error (``se = sd / sqrt(n)``), the A/A's likewise. Rounds from several processes
     (``--never-worse-procs``; a round's process is ``(rep - NEVER_WORSE_REP0) // NEVER_WORSE_PROC_STRIDE``):
     each process's mean of r (``process_means``) and the standard error of their mean (``process_se``, with two
-    or more processes): a process-wide shift (memory layout; it moved the ratio by up to ~0.5% for all of one
-    process's rounds here) is the same for all its rounds, so ``se`` alone understates the uncertainty;
+    or more processes): a process-wide shift (memory layout, the warm-up's tuner state; two processes of the
+    same code differed by 0.8% at batch 4 here) is the same for all its rounds, so ``se`` alone understates;
     ``se_verdict = max(se, process_se)``. ``slowdown_bound`` = ``1 - (mean - 2 se_verdict)``, the largest
     slowdown consistent with the rounds at two standard errors; ``not_worse`` = ``mean(r) >= 1`` (point
     estimate), ``not_worse_2se`` = ``mean(r) + 2 se_verdict >= 1`` (no slowdown the rounds can tell from zero:
@@ -1827,9 +1827,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=None,
         help="fresh processes that each repeat the never-worse rounds (model load, history, warm-up, rounds) "
-        "after this one's, pooled into the verdict: a process's memory layout shifts a configuration by a few "
-        "tenths of a percent for all its rounds, which rounds in one process cannot average out "
-        "(default 3; --quick 0)",
+        "after this one's, pooled into the verdict: what a process fixes (memory layout, the warm-up's tuner "
+        "state) shifts all its rounds alike, which rounds in one process cannot average out (default 3; "
+        "--quick 0)",
     )
     ap.add_argument("--never-worse-child", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--never-worse-rep0", type=int, default=NEVER_WORSE_REP0, help=argparse.SUPPRESS)
