@@ -44,7 +44,7 @@ class ModelSection:
 
 @dataclass
 class DataConfig:
-    dir: str | None = None  # default: $TAILSPEC_DATA_DIR or ../shared/datasets/gsm8k
+    dir: str | None = None  # default: $TAILSPEC_DATA_DIR or data/gsm8k (vendored)
     train_file: str = "train.jsonl"
     test_file: str = "test.jsonl"
     shuffle: bool = True

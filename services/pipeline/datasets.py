@@ -45,11 +45,11 @@ def repo_root() -> Path:
 
 
 def default_dataset_dir() -> Path:
-    """The GSM8K folder: ``$TAILSPEC_DATA_DIR`` if set, else ``<repo root>/../shared/datasets/gsm8k``."""
+    """The GSM8K folder: ``$TAILSPEC_DATA_DIR`` if set, else ``<repo root>/data/gsm8k`` (vendored, MIT)."""
     env = os.environ.get(DATA_DIR_ENV)
     if env:
         return Path(env).expanduser()
-    return repo_root().parent / "shared" / "datasets" / "gsm8k"
+    return repo_root() / "data" / "gsm8k"
 
 
 def format_prompt(question: str) -> str:

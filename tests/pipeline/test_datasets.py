@@ -99,7 +99,8 @@ def test_default_dataset_dir(monkeypatch, tmp_path):
     assert default_dataset_dir() == tmp_path
     monkeypatch.delenv("TAILSPEC_DATA_DIR")
     repo = Path(__file__).resolve().parents[2]
-    assert default_dataset_dir() == repo.parent / "shared" / "datasets" / "gsm8k"
+    assert default_dataset_dir() == repo / "data" / "gsm8k"
+    assert (default_dataset_dir() / "train.jsonl").is_file() and (default_dataset_dir() / "LICENSE").is_file()
 
 
 @pytest.fixture(scope="module")
