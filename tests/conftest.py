@@ -47,7 +47,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """One local Ray cluster for the whole session, in its own short temp dir (Unix socket path limits)."""
+    """One local Ray cluster for the whole pytest run, in its own short temp dir (Unix socket path limits)."""
     import shutil
     import tempfile
 
