@@ -56,7 +56,8 @@ def test_dockerfile():
     assert torch < reqs < copy_all  # torch (CPU) first, then the pins, then the code (layer caching)
     assert any(line.startswith("WORKDIR /app") for line in lines)
     assert "TAILSPEC_DATA_DIR=/data/gsm8k" in text and "COPY data/gsm8k /data/gsm8k" in text
-    assert "--build-context" not in text and "shared" not in text  # self-contained: no context beside the repo
+    # self-contained: the image needs no build context beside the repository
+    assert "--build-context" not in text and "shared" not in text
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().split()
     assert {".venv", ".git", "runs"} <= set(ignore)
 
