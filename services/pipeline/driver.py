@@ -29,6 +29,7 @@ from services.pipeline.control_plane import ControlPlane
 from services.pipeline.datasets import GSM8KExample, default_dataset_dir, format_prompt, load_gsm8k
 from services.pipeline.outputs import RunWriter, length_stats, new_run_id, plot_curves, plot_response_lengths
 from services.pipeline.rewards import gsm8k_reward
+from services.rollout_actor.speculative.stats import LONG_TAIL_BATCH
 from services.rollout_actor.worker import RolloutRequest, ShardResult
 
 
@@ -398,6 +399,11 @@ class RLDriver:
                 for res in results
             ],
         }
+        row["rollout_share_of_step"] = rollout_s / max(row["step_seconds"], 1e-9)
+        if row.get("rollout_speedup_vs_plain"):
+            # the same step with its rollout as long as plain decoding's (the replayed sample's ratio)
+            s, r = row["step_seconds"], rollout_s
+            row["step_speedup_vs_plain"] = (s - r + r * row["rollout_speedup_vs_plain"]) / max(s, 1e-9)
         return row
 
     def _spec_metrics(self, outputs: list) -> dict:
@@ -409,6 +415,7 @@ class RLDriver:
         m["strategy"] = self.strategy_name
         if self.speedup:
             m["rollout_speedup_vs_plain"] = self.speedup["speedup"]
+            m["long_tail_speedup_vs_plain"] = self.speedup.get("long_tail_speedup")
             m["speedup_measurement"] = {
                 "method": "replayed sample, speculation off vs on, same worker",
                 **self.speedup,
@@ -485,6 +492,9 @@ class RLDriver:
             "step_seconds_total": sum(r["step_seconds"] for r in rows),
             "tokens_generated_total": sum(r["tokens_generated"] for r in rows),
             "response_len_max": max(r["response_len_max"] for r in rows),
+            "response_len_p99_over_p50": _tail_ratio([n for lens in self.lengths_per_step for n in lens]),
+            "rollout_share_of_step": sum(r["rollout_seconds"] for r in rows)
+            / max(sum(r["step_seconds"] for r in rows), 1e-9),
             "wall_seconds": wall,
             "policy_version": rows[-1]["policy_version"],
             "base_model": str(self.model_path),
@@ -552,6 +562,8 @@ class RLDriver:
         accepted = sum(r["accepted_tokens"] for r in rows)
         verify = sum(r["verify_steps"] for r in rows)
         speedups = [r["rollout_speedup_vs_plain"] for r in rows if r.get("rollout_speedup_vs_plain")]
+        tails = [r["long_tail_speedup_vs_plain"] for r in rows if r.get("long_tail_speedup_vs_plain")]
+        steps = [r["step_speedup_vs_plain"] for r in rows if r.get("step_speedup_vs_plain")]
         return {
             "speculative_strategy": self.strategy_name,
             "drafted_tokens_total": drafted,
@@ -562,7 +574,21 @@ class RLDriver:
             "rollout_speedup_vs_plain": float(np.mean(speedups)) if speedups else None,
             "rollout_speedup_vs_plain_method": "mean over steps of a replayed sample of each step's prompts, "
             "speculation off vs on on the same worker (not the live rollout)",
+            "long_tail_speedup_vs_plain": float(np.mean(tails)) if tails else None,
+            "long_tail_speedup_vs_plain_method": "the same replayed samples, decode steps with <= "
+            f"{LONG_TAIL_BATCH} active requests only",
+            "step_speedup_vs_plain": float(np.mean(steps)) if steps else None,
+            "step_speedup_vs_plain_method": "mean over steps of step seconds with the rollout scaled by the "
+            "replayed sample's speedup, over step seconds",
         }
+
+
+def _tail_ratio(lengths: list[int]) -> float | None:
+    """p99 / p50 of the run's response lengths (how long the rollouts' tail is); None without responses."""
+    if not lengths:
+        return None
+    p50, p99 = np.percentile(lengths, [50, 99])
+    return float(p99 / max(p50, 1.0))
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> None:
@@ -591,6 +617,10 @@ class _Progress:
             f"rollout {r['rollout_seconds']:.1f}s  train {r['train_seconds']:.1f}s  "
             f"step {r['step_seconds']:.1f}s  v{r['policy_version']}"
         )
+        if r.get("acceptance_length_mean"):
+            msg += f"  tau {r['acceptance_length_mean']:.2f}"
+        if r.get("long_tail_speedup_vs_plain"):
+            msg += f"  tail x{r['long_tail_speedup_vs_plain']:.2f}"
         (self.console.print if self.console is not None else print)(msg)
 
     def close(self) -> None:

@@ -63,6 +63,7 @@ def length_stats(lengths: list[int]) -> dict:
         "response_len_mean": float(a.mean()),
         "response_len_p50": float(np.percentile(a, 50)),
         "response_len_p90": float(np.percentile(a, 90)),
+        "response_len_p99": float(np.percentile(a, 99)),
         "response_len_max": int(a.max()),
     }
 

@@ -28,6 +28,7 @@ import torch
 from services.rollout_actor.engine import Engine, GenerationRequest, RequestOutput, SamplingParams, StepRecord
 from services.rollout_actor.model import Transformer
 from services.rollout_actor.speculative.base import Drafter
+from services.rollout_actor.speculative.stats import aggregate, long_tail_seconds
 from services.rollout_actor.speculative.strategy import FixedPolicy, Strategy, StrategyPolicy
 
 
@@ -557,6 +558,8 @@ class RolloutWorker:
 
     def _measure_speedup(self, requests: list[RolloutRequest], repeats: int) -> dict:
         out = {"plain_seconds": 0.0, "spec_seconds": 0.0, "plain_tokens": 0, "spec_tokens": 0, "requests": 0}
+        out.update(plain_long_tail_seconds=0.0, spec_long_tail_seconds=0.0)
+        spec_outs: list = []
         for rep in range(repeats):
             reqs = self._requests(requests, seed_offset=1_000_000 * (rep + 1))
             drafters = self._replay_drafters()
@@ -567,8 +570,13 @@ class RolloutWorker:
                 outs = eng.generate(reqs)
                 out[f"{mode}_seconds"] += time.perf_counter() - t0
                 out[f"{mode}_tokens"] += sum(len(o.token_ids) for o in outs)
+                out[f"{mode}_long_tail_seconds"] += long_tail_seconds(eng.step_log)
+                if mode == "spec":
+                    spec_outs += outs
             out["requests"] += len(reqs)
         out["speedup"] = out["plain_seconds"] / max(out["spec_seconds"], 1e-9)
+        out["long_tail_speedup"] = out["plain_long_tail_seconds"] / max(out["spec_long_tail_seconds"], 1e-9)
+        out["tau"] = aggregate(spec_outs)["acceptance_length_mean"]
         return out
 
     def ping(self) -> int:
