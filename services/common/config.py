@@ -10,6 +10,7 @@ file), so a typo never runs silently with a default.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -202,7 +203,35 @@ class Config:
     ray: RayConfig = field(default_factory=RayConfig)
 
 
+def _non_finite(node: Any, prefix: str = "") -> str | None:
+    """The dotted key of the first float in the config tree that is NaN or infinite, else None."""
+    if dataclasses.is_dataclass(node):
+        for f in dataclasses.fields(node):
+            bad = _non_finite(getattr(node, f.name), f"{prefix}.{f.name}" if prefix else f.name)
+            if bad:
+                return bad
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            bad = _non_finite(v, f"{prefix}.{k}" if prefix else str(k))
+            if bad:
+                return bad
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            bad = _non_finite(v, f"{prefix}[{i}]")
+            if bad:
+                return bad
+    elif isinstance(node, float) and not math.isfinite(node):
+        return prefix
+    return None
+
+
 def _validate(cfg: Config) -> None:
+    bad = _non_finite(cfg)
+    if bad:
+        raise ConfigError(
+            f"config key {bad!r} must be a finite number (got {OmegaConf.select(OmegaConf.structured(cfg), bad)!r})"
+        )
+    t, sp = cfg.trainer, cfg.spot
     checks = [
         ("trainer.steps", cfg.trainer.steps >= 1, "must be >= 1"),
         ("trainer.prompts_per_step", cfg.trainer.prompts_per_step >= 1, "must be >= 1"),
@@ -210,10 +239,22 @@ def _validate(cfg: Config) -> None:
         ("trainer.backend", cfg.trainer.backend in ("torch", "deepspeed"), "must be 'torch' or 'deepspeed'"),
         ("trainer.zero_stage", cfg.trainer.zero_stage in (1, 2), "must be 1 or 2"),
         ("trainer.lr", cfg.trainer.lr > 0, "must be > 0"),
+        ("trainer.weight_decay", t.weight_decay >= 0, "must be >= 0"),
+        (
+            "trainer.betas",
+            len(t.betas) == 2 and all(0 <= b < 1 for b in t.betas),
+            "must be two numbers in [0, 1)",
+        ),
+        ("trainer.max_grad_norm", t.max_grad_norm > 0, "must be > 0"),
+        ("trainer.clip_eps", t.clip_eps > 0, "must be > 0"),
+        ("trainer.kl_coef", t.kl_coef >= 0, "must be >= 0"),
+        ("trainer.format_reward", t.format_reward >= 0, "must be >= 0"),
+        ("trainer.adv_eps", t.adv_eps > 0, "must be > 0"),
         ("trainer.micro_batch_size", cfg.trainer.micro_batch_size >= 1, "must be >= 1"),
         ("trainer.updates_per_step", cfg.trainer.updates_per_step >= 1, "must be >= 1"),
         ("trainer.threads", cfg.trainer.threads >= 0, "must be >= 0 (0 = all usable cores)"),
         ("rollout.num_actors", cfg.rollout.num_actors >= 1, "must be >= 1"),
+        ("rollout.threads_per_actor", cfg.rollout.threads_per_actor >= 1, "must be >= 1"),
         ("rollout.max_batch_size", cfg.rollout.max_batch_size >= 1, "must be >= 1"),
         ("rollout.max_new_tokens", cfg.rollout.max_new_tokens >= 1, "must be >= 1"),
         ("rollout.temperature", cfg.rollout.temperature >= 0, "must be >= 0"),
@@ -230,6 +271,26 @@ def _validate(cfg: Config) -> None:
             "must be >= 1",
         ),
         ("rollout.speculative.tree_width", cfg.rollout.speculative.tree_width >= 1, "must be >= 1"),
+        ("rollout.speculative.tree_depth", cfg.rollout.speculative.tree_depth >= 0, "must be >= 0"),
+        (
+            "rollout.speculative.speedup_sample_prompts",
+            cfg.rollout.speculative.speedup_sample_prompts >= 0,
+            "must be >= 0",
+        ),
+        ("spot.preempt_deadline_s", sp.preempt_deadline_s > 0, "must be > 0"),
+        ("spot.min_fresh_samples", sp.min_fresh_samples >= 1, "must be >= 1"),
+        ("spot.capacity_tokens", sp.capacity_tokens >= 1, "must be >= 1"),
+        ("spot.keep_versions", sp.keep_versions >= 1, "must be >= 1"),
+        ("spot.batch_size", sp.batch_size >= 1, "must be >= 1"),
+        ("spot.seq_len", sp.seq_len >= 1, "must be >= 1"),
+        ("spot.lr", sp.lr > 0, "must be > 0"),
+        ("spot.checkpoint_every", sp.checkpoint_every >= 1, "must be >= 1"),
+        (
+            "metrics.port",
+            cfg.metrics.port is None or 0 <= cfg.metrics.port <= 65535,
+            "must be in 0..65535 or null",
+        ),
+        ("ray.num_cpus", cfg.ray.num_cpus is None or cfg.ray.num_cpus >= 1, "must be >= 1 or null"),
         ("spot.replicas", cfg.spot.replicas is None or cfg.spot.replicas >= 1, "must be >= 1 or null"),
         ("spot.nice", 0 <= cfg.spot.nice <= 19, "must be in 0..19"),
         ("spot.stream_fraction", 0 < cfg.spot.stream_fraction <= 1, "must be in (0, 1]"),

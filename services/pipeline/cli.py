@@ -26,22 +26,37 @@ def _console():
 
 
 def cmd_train(args) -> int:
+    from ray.exceptions import RayError
+
     from services.pipeline.datasets import DatasetError
-    from services.pipeline.driver import PreflightError, RLDriver
+    from services.pipeline.driver import PreflightError, RLDriver, TrainingError
     from services.rollout_actor.model import ModelLoadError
 
     try:
         cfg = load_config(args.config, args.overrides)
         driver = RLDriver(cfg, run_dir=args.run_dir, console=_console())
         summary = driver.run()
-    except (ConfigError, DatasetError, PreflightError, ModelLoadError, FileExistsError) as e:
+    except (ConfigError, DatasetError, PreflightError, ModelLoadError, FileExistsError, TrainingError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RayError as e:  # a service actor failed: its name and cause in one line, not a remote traceback
+        print(f"error: {_actor_error(e)}", file=sys.stderr)
         return 2
     print(
         f"done: {summary['steps']} steps in {summary['wall_seconds']:.1f}s, reward "
         f"{summary['reward_mean_first']:.3f} -> {summary['reward_mean_last']:.3f}"
     )
     return 0
+
+
+def _actor_error(e: Exception) -> str:
+    """One line for a Ray error: the failing actor method (when Ray names it) and the cause's message."""
+    cause = getattr(e, "cause", None) or e
+    text = str(cause).strip() or type(cause).__name__
+    where = getattr(e, "function_name", None)
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    msg = lines[-1] if getattr(e, "cause", None) is not None else lines[0]
+    return f"{where}: {type(cause).__name__}: {msg}" if where else f"{type(cause).__name__}: {msg}"
 
 
 def cmd_base_model(args) -> int:

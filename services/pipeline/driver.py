@@ -29,12 +29,17 @@ from services.pipeline.control_plane import ControlPlane
 from services.pipeline.datasets import GSM8KExample, default_dataset_dir, format_prompt, load_gsm8k
 from services.pipeline.outputs import RunWriter, length_stats, new_run_id, plot_curves, plot_response_lengths
 from services.pipeline.rewards import gsm8k_reward
+from services.rollout_actor.model import ModelConfig, ModelLoadError, Transformer
 from services.rollout_actor.speculative.stats import LONG_TAIL_BATCH
 from services.rollout_actor.worker import RolloutRequest, ShardResult
 
 
 class PreflightError(ValueError):
     """Bad input found before anything is written: missing data, bad model folder, tokenizer mismatch."""
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (e.g. a non-finite loss); the policy of that step is neither synced nor saved."""
 
 
 # ---------------------------------------------------------------------------------------------- preflight
@@ -66,7 +71,14 @@ def check_model_dir(path: Path) -> None:
         mcfg = json.loads((path / "config.json").read_text())
     except json.JSONDecodeError as e:
         raise PreflightError(f"{path / 'config.json'}: invalid JSON ({e})") from None
-    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    try:
+        model_cfg = ModelConfig.from_hf_dict(mcfg, str(path / "config.json"))
+    except ModelLoadError as e:
+        raise PreflightError(str(e)) from None
+    try:
+        tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception on a corrupt file
+        raise PreflightError(f"{path / 'tokenizer.json'}: cannot load ({str(e).splitlines()[0]})") from None
     vocab = mcfg.get("vocab_size", 0)
     if tok.get_vocab_size() > vocab:
         raise PreflightError(
@@ -82,11 +94,79 @@ def check_model_dir(path: Path) -> None:
             raise PreflightError(
                 f"tokenizer mismatch: eos_token_id {e} of config.json is not in tokenizer.json"
             )
+    check_weights(path / "model.safetensors", model_cfg)
+
+
+def check_weights(path: Path, cfg: ModelConfig) -> None:
+    """Raises PreflightError unless the safetensors file at ``path`` has a readable header whose tensors are
+    exactly the model's, with the model's shapes (read from the header only: no tensor is loaded)."""
+    import torch
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:  # noqa: BLE001 - SafetensorError, OSError, ...
+        raise PreflightError(f"{path}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
+    with torch.device("meta"):
+        want = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
+    if cfg.tie_word_embeddings:
+        want.pop("lm_head.weight", None)
+        shapes.pop("lm_head.weight", None)
+    missing = sorted(set(want) - set(shapes))
+    if missing:
+        raise PreflightError(
+            f"{path}: missing tensors {missing[:3]} (config.json describes a different model)"
+        )
+    unexpected = sorted(set(shapes) - set(want))
+    if unexpected:
+        raise PreflightError(
+            f"{path}: unexpected tensors {unexpected[:3]} (config.json describes a different model)"
+        )
+    for k, shape in want.items():
+        if shapes[k] != shape:
+            raise PreflightError(
+                f"{path}: tensor {k!r} has shape {list(shapes[k])}, config.json implies {list(shape)}"
+            )
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """Raises PreflightError when ``run_dir`` holds a run already (finished or not) or cannot be created."""
+    if (run_dir / "summary.json").exists():
+        raise PreflightError(f"run directory {run_dir} already holds a finished run (summary.json)")
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.exists() and metrics.stat().st_size > 0:
+        raise PreflightError(
+            f"run directory {run_dir} holds an unfinished run (metrics.jsonl without summary.json); "
+            "choose another --run-dir (its metrics are kept)"
+        )
+    parent = run_dir
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise PreflightError(f"run directory {run_dir} cannot be created: {parent} is not a writable folder")
+
+
+def check_cpus(cfg: Config) -> None:
+    """Raises PreflightError when a local Ray cluster could not place every rollout actor (each reserves
+    ``rollout.threads_per_actor`` CPUs; the other services reserve none), instead of waiting for ever."""
+    if not cfg.ray.use_ray or cfg.ray.address or os.environ.get("RAY_ADDRESS"):
+        return
+    have = cfg.ray.num_cpus or os.cpu_count() or 1
+    need = cfg.rollout.num_actors * cfg.rollout.threads_per_actor
+    if need > have:
+        raise PreflightError(
+            f"rollout.num_actors={cfg.rollout.num_actors} x rollout.threads_per_actor="
+            f"{cfg.rollout.threads_per_actor} needs {need} CPUs; the local Ray cluster has {have} (ray.num_cpus)"
+        )
 
 
 def load_data(cfg: Config) -> list[GSM8KExample]:
     d = Path(cfg.data.dir) if cfg.data.dir else default_dataset_dir()
-    return load_gsm8k(d / cfg.data.train_file)
+    data = load_gsm8k(d / cfg.data.train_file)
+    if not data:
+        raise PreflightError(f"{d / cfg.data.train_file}: the dataset holds no examples")
+    return data
 
 
 # ---------------------------------------------------------------------------------------------- scheduling
@@ -133,6 +213,8 @@ class RLDriver:
 
         self.tokenizer = Tokenizer.from_file(str(self.model_path / "tokenizer.json"))
         self.run_dir = Path(run_dir) if run_dir else resolve_path(cfg.run.runs_dir) / new_run_id(cfg.run.name)
+        check_run_dir(self.run_dir)
+        check_cpus(cfg)
         self.rng = random.Random(cfg.run.seed)
         self.order = list(range(len(self.train)))
         if cfg.data.shuffle:
@@ -341,6 +423,12 @@ class RLDriver:
         t0 = time.perf_counter()
         self._set_phase("train")
         stats = self.trainer.call(0, "train_step", samples)
+        bad = [k for k in ("loss", "grad_norm") if not np.isfinite(stats.get(k, 0.0))]
+        if bad:
+            raise TrainingError(
+                f"step {step}: non-finite {' and '.join(bad)} ({', '.join(f'{k}={stats[k]}' for k in bad)}); "
+                "stopped before syncing or saving that policy (lower trainer.lr?)"
+            )
         self._set_phase("weight_sync")
         train_s = time.perf_counter() - t0
 
