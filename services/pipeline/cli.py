@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from services.common.config import REPO_ROOT, ConfigError, load_config
 
@@ -29,16 +30,26 @@ def cmd_train(args) -> int:
     from ray.exceptions import RayError
 
     from services.pipeline.datasets import DatasetError
-    from services.pipeline.driver import PreflightError, RLDriver, TrainingError
+    from services.pipeline.driver import PreflightError, RLDriver, RunInterrupted, TrainingError
     from services.rollout_actor.model import ModelLoadError
 
     try:
-        cfg = load_config(args.config, args.overrides)
-        driver = RLDriver(cfg, run_dir=args.run_dir, console=_console())
+        if args.resume:
+            if args.run_dir and Path(args.run_dir) != Path(args.resume):
+                raise ConfigError("--resume names the run folder; leave --run-dir out")
+            # the run's own resolved config, plus any overrides given now (e.g. more trainer.steps)
+            cfg = load_config(Path(args.resume) / "config.yaml", args.overrides)
+            driver = RLDriver(cfg, run_dir=Path(args.resume), console=_console(), resume=True)
+        else:
+            cfg = load_config(args.config, args.overrides)
+            driver = RLDriver(cfg, run_dir=args.run_dir, console=_console())
         summary = driver.run()
     except (ConfigError, DatasetError, PreflightError, ModelLoadError, FileExistsError, TrainingError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except RunInterrupted as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        return e.exit_code
     except RayError as e:  # a service actor failed: its name and cause in one line, not a remote traceback
         print(f"error: {_actor_error(e)}", file=sys.stderr)
         return 2
@@ -79,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("train", help="run GRPO training (the main job)")
     t.add_argument("--config", default=str(REPO_ROOT / "configs" / "gsm8k_tiny.yaml"))
     t.add_argument("--run-dir", default=None, help="output folder (default runs/<run_id>)")
+    t.add_argument(
+        "--resume", default=None, metavar="RUN_DIR", help="continue a run from its newest checkpoint"
+    )
     t.add_argument("overrides", nargs="*", help="dotted.key=value config overrides, e.g. trainer.steps=2")
     t.set_defaults(fn=cmd_train)
     b = sub.add_parser("base-model", help="build the embedded default policy (tokenizer + SFT on GSM8K)")

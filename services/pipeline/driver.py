@@ -15,8 +15,12 @@ With ``ray.use_ray=false`` the same services run in-process (tests, debugging). 
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import shutil
+import signal
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -40,6 +44,28 @@ class PreflightError(ValueError):
 
 class TrainingError(RuntimeError):
     """The run cannot go on (e.g. a non-finite loss); the policy of that step is neither synced nor saved."""
+
+
+class RunInterrupted(Exception):
+    """SIGINT / SIGTERM: the run stopped after a step and wrote a checkpoint (``exit_code`` = 128 + signal)."""
+
+    def __init__(self, signum: int, step: int, run_dir: Path):
+        self.exit_code = 128 + signum
+        name = signal.Signals(signum).name
+        super().__init__(
+            f"interrupted by {name} after step {step}; checkpoint written. Resume with: "
+            f"tailspec train --resume {run_dir}"
+        )
+
+
+CHECKPOINTS_KEPT = 2  # step checkpoints kept in checkpoints/ (the newest ones)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete step checkpoint ``run_dir/checkpoints/step-<k>`` (a folder is renamed into place
+    only once everything in it is written), or None."""
+    done = [p for p in (run_dir / "checkpoints").glob("step-*") if (p / "driver.json").is_file()]
+    return max(done, key=lambda p: int(p.name.split("-", 1)[1]), default=None)
 
 
 # ---------------------------------------------------------------------------------------------- preflight
@@ -130,15 +156,20 @@ def check_weights(path: Path, cfg: ModelConfig) -> None:
             )
 
 
-def check_run_dir(run_dir: Path) -> None:
-    """Raises PreflightError when ``run_dir`` holds a run already (finished or not) or cannot be created."""
+def check_run_dir(run_dir: Path, resume: bool = False) -> None:
+    """Raises PreflightError when ``run_dir`` holds a run already (finished, or unfinished without ``resume``),
+    has nothing to resume (``resume``), or cannot be created."""
     if (run_dir / "summary.json").exists():
         raise PreflightError(f"run directory {run_dir} already holds a finished run (summary.json)")
+    if resume:
+        if latest_checkpoint(run_dir) is None:
+            raise PreflightError(f"--resume {run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}")
+        return
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists() and metrics.stat().st_size > 0:
         raise PreflightError(
-            f"run directory {run_dir} holds an unfinished run (metrics.jsonl without summary.json); "
-            "choose another --run-dir (its metrics are kept)"
+            f"run directory {run_dir} holds an unfinished run (metrics.jsonl without summary.json): continue it "
+            f"with --resume {run_dir}, or choose another --run-dir"
         )
     parent = run_dir
     while not parent.exists():
@@ -202,8 +233,11 @@ class LengthPredictor:
 
 # ---------------------------------------------------------------------------------------------- driver
 class RLDriver:
-    def __init__(self, cfg: Config, run_dir: Path | None = None, console=None):
+    """The RL loop. ``resume``: continue the run in ``run_dir`` from its newest complete checkpoint."""
+
+    def __init__(self, cfg: Config, run_dir: Path | None = None, console=None, resume: bool = False):
         self.cfg = cfg
+        self.resume = resume
         self.console = console
         self.log = console.print if console is not None else print
         # --- preflight: nothing is written before these pass
@@ -213,7 +247,7 @@ class RLDriver:
 
         self.tokenizer = Tokenizer.from_file(str(self.model_path / "tokenizer.json"))
         self.run_dir = Path(run_dir) if run_dir else resolve_path(cfg.run.runs_dir) / new_run_id(cfg.run.name)
-        check_run_dir(self.run_dir)
+        check_run_dir(self.run_dir, resume)
         check_cpus(cfg)
         self.rng = random.Random(cfg.run.seed)
         self.order = list(range(len(self.train)))
@@ -513,19 +547,30 @@ class RLDriver:
     # ------------------------------------------------------------------ the run
     def run(self) -> dict:
         cfg = self.cfg
-        writer = RunWriter(self.run_dir)
+        ckpt_state = self._resume_point() if self.resume else None
+        done = ckpt_state[1]["step"] if ckpt_state else 0
+        writer = RunWriter(self.run_dir, resume_after=done if self.resume else None)
         writer.write_config(to_yaml(cfg))
-        self.log(f"run directory: {self.run_dir}")
+        self.log(f"run directory: {self.run_dir}" + (f" (resuming after step {done})" if self.resume else ""))
         t_run = time.perf_counter()
         self._start_services()
+        caught = _SignalFlag()
         try:
+            if ckpt_state:
+                self._restore(*ckpt_state, writer)
             progress = _Progress(self.console, cfg.trainer.steps)
-            for step in range(1, cfg.trainer.steps + 1):
+            for step in range(done + 1, cfg.trainer.steps + 1):
                 row = self.step(step)
                 writer.append_metrics(row)
                 self._export_metrics(row)
                 self.rows.append(row)
                 progress.update(row)
+                every = cfg.trainer.save_every
+                saved = bool(every) and (step % every == 0 or step == cfg.trainer.steps)
+                if saved or (caught.signum and step < cfg.trainer.steps):
+                    self._save_checkpoint(step)
+                if caught.signum and step < cfg.trainer.steps:
+                    raise RunInterrupted(caught.signum, step, self.run_dir)
             progress.close()
             ckpt = None
             if cfg.trainer.save_checkpoint:
@@ -534,6 +579,7 @@ class RLDriver:
                 _copy_tokenizer(self.model_path, ckpt)
             self._timeline = self.plane.timeline()
         finally:
+            caught.restore()
             self._stop_services()
         plot_response_lengths(
             self.lengths_per_step, self.run_dir / "plots" / "response_length.png", cfg.rollout.max_new_tokens
@@ -565,6 +611,66 @@ class RLDriver:
         writer.write_summary(summary)
         _print_table(self.console, self.rows, summary)
         return summary
+
+    # ------------------------------------------------------------------ checkpoints and resume
+    def _save_checkpoint(self, step: int) -> Path:
+        """Write ``checkpoints/step-<step>`` atomically (a temporary folder renamed into place, ``driver.json``
+        last): the trainer's policy + optimizer state, the tuner's state, and the driver's data cursor, RNG and
+        length history. Keeps the newest ``CHECKPOINTS_KEPT``."""
+        root = self.run_dir / "checkpoints"
+        tmp, final = root / f".step-{step}.tmp", root / f"step-{step}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.trainer.call(0, "save_state", str(tmp / "trainer"))
+        tuner = root / "tuner_state.json"
+        if tuner.is_file():
+            shutil.copy2(tuner, tmp / "tuner_state.json")
+        state = {
+            "step": step,
+            "policy_version": self.rows[-1]["policy_version"] if self.rows else 0,
+            "cursor": self.cursor,
+            "order": self.order,
+            "rng": self.rng.getstate(),
+            "length_history": self.lengths.hist,
+            "length_global_mean": self.lengths.global_mean,
+            "lengths_per_step": self.lengths_per_step,
+        }
+        (tmp / "driver.json").write_text(json.dumps(state))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        old = sorted(
+            (p for p in root.glob("step-*") if p != final), key=lambda p: int(p.name.split("-", 1)[1])
+        )
+        for p in old[: max(0, len(old) - (CHECKPOINTS_KEPT - 1))]:
+            shutil.rmtree(p, ignore_errors=True)
+        return final
+
+    def _resume_point(self) -> tuple[Path, dict]:
+        """The newest complete checkpoint and its driver state; points the tuner at its saved state."""
+        ckpt = latest_checkpoint(self.run_dir)
+        assert ckpt is not None  # checked in preflight
+        state = json.loads((ckpt / "driver.json").read_text())
+        if self.cfg.tuner.enabled and (ckpt / "tuner_state.json").is_file():
+            self.cfg.tuner.init_state = str(ckpt / "tuner_state.json")
+        return ckpt, state
+
+    def _restore(self, ckpt: Path, state: dict, writer: RunWriter) -> None:
+        """Continue from ``ckpt``: trainer (policy, optimizer), the rollout actors' weights, data cursor, RNG."""
+        version = self.trainer.call(0, "load_state", str(ckpt / "trainer"))
+        weights = self.trainer.call(0, "policy_state_dict")
+        if self.cfg.ray.use_ray:
+            import ray
+
+            weights = ray.put(weights)
+        self.plane.load_weights(weights, version)
+        self.cursor, self.order = state["cursor"], state["order"]
+        v, internal, gauss = state["rng"]
+        self.rng.setstate((v, tuple(internal), gauss))
+        self.lengths.hist = {k: list(h) for k, h in state["length_history"].items()}
+        self.lengths.global_mean = state["length_global_mean"]
+        self.lengths_per_step = state["lengths_per_step"]
+        self.rows = writer.read_metrics()
+        self.log(f"resumed from {ckpt} (policy version {version})")
 
     def _summary(self, wall: float, ckpt) -> dict:
         rows = self.rows
@@ -669,6 +775,25 @@ class RLDriver:
             "step_speedup_vs_plain_method": "mean over steps of step seconds with the rollout scaled by the "
             "replayed sample's speedup, over step seconds",
         }
+
+
+class _SignalFlag:
+    """While a run is in progress, SIGINT and SIGTERM only record the signal (``signum``); the loop finishes
+    the step, writes a checkpoint and stops. Only the main thread can install handlers; elsewhere a no-op."""
+
+    def __init__(self):
+        self.signum = 0
+        self._old = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._set)
+
+    def _set(self, signum, frame) -> None:
+        self.signum = signum
+
+    def restore(self) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
 
 
 def _tail_ratio(lengths: list[int]) -> float | None:

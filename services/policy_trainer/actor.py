@@ -50,3 +50,11 @@ class PolicyTrainerService:
 
     def save_checkpoint(self, path: str) -> None:
         self.trainer.save_checkpoint(path)
+
+    def save_state(self, path: str) -> None:
+        self.trainer.save_state(path)
+
+    def load_state(self, path: str) -> int:
+        """Continue from a ``save_state`` folder; returns the restored policy version."""
+        self.trainer.load_state(path)
+        return self.trainer.version
