@@ -14,6 +14,8 @@ torch.set_num_threads(1)
 
 BASE_POLICY = REPO_ROOT / "services" / "pipeline" / "assets" / "base_policy"
 GSM8K_DIR = REPO_ROOT.parent / "shared" / "datasets" / "gsm8k"
+if not GSM8K_DIR.is_dir():  # a worktree elsewhere: the copy vendored in data/
+    GSM8K_DIR = REPO_ROOT / "data" / "gsm8k"
 
 
 def tiny_config(**kw) -> ModelConfig:
