@@ -76,10 +76,18 @@ def check_counter(value: int, field: str, *, at_most: int | None = None, at_leas
 
 
 def check_number(
-    value: float, field: str, *, lo: float = 0.0, hi: float = float("inf"), lo_open: bool = False
+    value: float,
+    field: str,
+    *,
+    lo: float = 0.0,
+    hi: float = float("inf"),
+    lo_open: bool = False,
+    allow_inf: bool = False,
 ) -> float:
-    """A finite float in ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``)."""
+    """A finite float in ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``; ``allow_inf``: +inf passes too)."""
     v = float(value)
+    if allow_inf and v == math.inf:
+        return v
     if not math.isfinite(v) or v < lo or (lo_open and v == lo) or v > hi:
         bracket = "(" if lo_open else "["
         raise InvalidArgument(f"{field} {v!r} must be finite and in {bracket}{lo:g}, {hi:g}]")

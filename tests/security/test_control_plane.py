@@ -176,7 +176,10 @@ def _bad_field_attacks(t: dict[str, list[str]]) -> list[tuple[dict, str]]:
     ]
 
 
-def test_a_runs_services_refuse_strangers_and_bad_input(tmp_path, tiny_policy_dir, marker):
+def test_a_runs_services_refuse_strangers_and_bad_input(
+    tmp_path, tiny_policy_dir, marker, capsys, monkeypatch
+):
+    monkeypatch.delenv("TAILSPEC_GRPC_TOKEN", raising=False)  # a secret generated for the run
     run_dir = tmp_path / "run"
     steps = 2
     cfg = load_config(
@@ -254,3 +257,5 @@ def test_a_runs_services_refuse_strangers_and_bad_input(tmp_path, tiny_policy_di
     assert st.rl_step == steps and st.versions.policy_version == steps
     assert sorted(w.worker_id for w in st.workers) == ["0", "1"]
     assert driver.plane.token not in (run_dir / "config.yaml").read_text()
+    printed = capsys.readouterr()
+    assert driver.plane.token not in printed.out + printed.err  # never in the run's output
