@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from pathlib import Path
 
+import pytest
 import torch
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -176,10 +178,15 @@ def _bad_field_attacks(t: dict[str, list[str]]) -> list[tuple[dict, str]]:
     ]
 
 
+@pytest.mark.parametrize("use_ray", [False, True], ids=["in-process", "ray-actors"])
 def test_a_runs_services_refuse_strangers_and_bad_input(
-    tmp_path, tiny_policy_dir, marker, capsys, monkeypatch
+    use_ray, tmp_path, tiny_policy_dir, marker, capsys, monkeypatch, request
 ):
+    """In-process services, and the same run with every service a Ray actor (the secret handed over as Ray
+    call arguments)."""
     monkeypatch.delenv("TAILSPEC_GRPC_TOKEN", raising=False)  # a secret generated for the run
+    if use_ray:
+        request.getfixturevalue("ray_cluster")
     run_dir = tmp_path / "run"
     steps = 2
     cfg = load_config(
@@ -190,7 +197,7 @@ def test_a_runs_services_refuse_strangers_and_bad_input(
             "trainer.prompts_per_step=3",
             "trainer.group_size=2",
             "rollout.max_new_tokens=12",
-            "ray.use_ray=false",
+            f"ray.use_ray={str(use_ray).lower()}",
             "coordinator.keep_serving=true",
         ],
     )
@@ -254,8 +261,16 @@ def test_a_runs_services_refuse_strangers_and_bad_input(
     finally:
         client.close()
         driver.plane.coordinator_pool.call(0, "close")
+        driver.plane.coordinator_pool.shutdown()
     assert st.rl_step == steps and st.versions.policy_version == steps
     assert sorted(w.worker_id for w in st.workers) == ["0", "1"]
     assert driver.plane.token not in (run_dir / "config.yaml").read_text()
     printed = capsys.readouterr()
     assert driver.plane.token not in printed.out + printed.err  # never in the run's output
+    if use_ray:  # nor in Ray's logs (actor output, task events)
+        import ray
+
+        logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
+        files = [p for p in logs.rglob("*") if p.is_file()]
+        assert files
+        assert not [p for p in files if driver.plane.token.encode() in p.read_bytes()]
