@@ -9,7 +9,7 @@ between rollout phases, otherwise at the start of its next rollout (``deferred=t
 a request. Policy weights stay on the Ray object store (``RolloutWorker.load_weights``); ``LoadPolicy`` is
 not served (UNIMPLEMENTED).
 
-    address = worker.serve()                       # in the actor's process
+    address = worker.serve(token=token)            # in the actor's process
     client = RolloutClient(address, token)
     client.set_table(table)                        # BucketedBandit.table() dict
     client.load_drafter(version, "/run/checkpoints/spot_trainer/published/v000000003")
