@@ -292,6 +292,7 @@ class HiddenStateReceiver:
         max_version_ahead: frames more than this ahead of ``policy_version`` are dropped (``out_of_range``).
         hidden_size / vocab_size: when given, a frame's hidden width and token ids must fit them.
         metrics: a ``services.common.metrics.Metrics`` for the drop counter (default: a process-wide one).
+        max_message_bytes: ZeroMQ drops a peer that sends a larger message part (memory bound).
     """
 
     def __init__(
@@ -307,6 +308,7 @@ class HiddenStateReceiver:
         hidden_size: int | None = None,
         vocab_size: int | None = None,
         metrics: Any = None,
+        max_message_bytes: int = 1 << 30,
     ):
         self._key = stream_key(token)
         self.policy_version = None if policy_version is None else int(policy_version)
@@ -320,6 +322,7 @@ class HiddenStateReceiver:
         self.buffer = buffer
         self._sock = (context or zmq.Context.instance()).socket(zmq.PULL)
         self._sock.setsockopt(zmq.RCVHWM, int(hwm))
+        self._sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))  # a bigger part: the peer is dropped
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(address)
         self.address: str = self._sock.getsockopt(zmq.LAST_ENDPOINT).decode()
