@@ -150,12 +150,17 @@ class SpotSection:
     # (one process, receiver included; inside the noise of a 4-step RL run), while a bubble trains on a few
     # thousand rows of the ~9,000 a default step streams at 1.0
     stream_fraction: float = 0.25
+    # a grant over gRPC always carries a deadline (an open-ended one is refused): granted now + this, though
+    # the end of the rollout phase takes the worker back much sooner
+    grant_deadline_s: float = 3600.0
 
 
 @dataclass
 class GrpcSection:
-    """Where every service actor serves gRPC (coordinator, rollout actors, tuner, spot trainer). A host other
-    than loopback needs ``token`` (every call then carries ``authorization: Bearer <token>``)."""
+    """Where every service actor serves gRPC (coordinator, rollout actors, tuner, spot trainer). Every call,
+    loopback included, carries the run's secret (``authorization: Bearer <token>``): ``token`` (or
+    ``$TAILSPEC_GRPC_TOKEN``) is an operator-chosen one, null = a fresh secret per run. Written to
+    ``<run_dir>/grpc_token`` (mode 0600), redacted in ``config.yaml``."""
 
     host: str = "127.0.0.1"
     token: str | None = None
@@ -298,6 +303,7 @@ def _validate(cfg: Config) -> None:
         ("spot.replicas", cfg.spot.replicas is None or cfg.spot.replicas >= 1, "must be >= 1 or null"),
         ("spot.nice", 0 <= cfg.spot.nice <= 19, "must be in 0..19"),
         ("spot.stream_fraction", 0 < cfg.spot.stream_fraction <= 1, "must be in (0, 1]"),
+        ("spot.grant_deadline_s", 0 < cfg.spot.grant_deadline_s <= 86_400, "must be in (0, 86400]"),
         ("tuner.learned_min_top1", 0 <= cfg.tuner.learned_min_top1 <= 1, "must be in [0, 1]"),
         ("coordinator.port", 0 <= cfg.coordinator.port <= 65535, "must be in 0..65535"),
         ("coordinator.heartbeat_interval_s", cfg.coordinator.heartbeat_interval_s > 0, "must be > 0"),
@@ -384,8 +390,15 @@ def _yaml_words_as_strings(layer: DictConfig, cls: type) -> None:
             layer[name] = "on" if value else "off"
 
 
-def to_yaml(cfg: Config) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+REDACTED = "<redacted>"
+
+
+def to_yaml(cfg: Config, redact: bool = True) -> str:
+    """The config as YAML; with ``redact`` (the default) secrets (``grpc.token``) read ``<redacted>``."""
+    conf = OmegaConf.structured(cfg)
+    if redact and cfg.grpc.token:
+        conf.grpc.token = REDACTED
+    return OmegaConf.to_yaml(conf)
 
 
 def resolve_path(p: str) -> Path:

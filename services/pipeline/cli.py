@@ -2,7 +2,7 @@
 
     tailspec train --config configs/gsm8k_tiny.yaml [--run-dir DIR] [dotted.key=value ...]
     tailspec base-model --out DIR [--seed N] [--evaluate]
-    tailspec status [--address HOST:PORT] [--token T]
+    tailspec status [--run-dir DIR] [--address HOST:PORT] [--token T]
 
 Bad input (config typo, wrong type, missing dataset, malformed JSONL, bad model folder, tokenizer mismatch)
 prints one clear ``error:`` line and exits with status 2; no summary.json is written.

@@ -13,6 +13,13 @@ Actors (Ray actors, or plain objects in-process with ``ray.use_ray=false``):
 Control calls go over gRPC (state reports, grants, preemptions, strategy tables, drafter versions, status);
 bulk tensors (policy weights, drafter heads for averaging, rollout results) stay on the Ray object store.
 
+Security: every service requires the run's secret on every call, loopback included. The secret is the
+operator's (``grpc.token`` or ``$TAILSPEC_GRPC_TOKEN``) or generated here (``secrets.token_urlsafe``); it
+reaches the actors only as Ray call arguments (never a command line, ``config.yaml`` or a log line) and is
+written to ``<run_dir>/grpc_token`` (mode 0600) for ``tailspec status --run-dir``. The hidden-state stream is
+authenticated with a MAC keyed by it. Rollout actors load drafter versions only from the run's own
+``checkpoints/spot_trainer/published`` folder.
+
 A rollout phase (``rollout_phase``): every actor decodes its shard; one that finishes early reports IDLE and,
 when the spot trainer's buffer holds enough fresh data, the coordinator lends its bubble (a grant) to that
 actor's spot-trainer replica until the phase ends (PREEMPT with deadline ``spot.preempt_deadline_s``). A
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -34,6 +42,7 @@ from typing import Any
 import grpc
 
 from services.common.config import Config
+from services.common.grpc_server import TOKEN_ENV, new_token, write_token_file
 from services.common.ray_utils import ActorPool
 from services.rollout_actor.worker import RolloutRequest, RolloutWorker, ShardResult
 
@@ -86,7 +95,9 @@ class ControlPlane:
         self.run_info = run_info
         self.log = log_fn
         self.use_ray = cfg.ray.use_ray
-        self.host, self.token = cfg.grpc.host, cfg.grpc.token
+        # the run's secret: the operator's, else a fresh one (never logged, never in config.yaml)
+        self.host = cfg.grpc.host
+        self.token = cfg.grpc.token or os.environ.get(TOKEN_ENV) or new_token()
         self.coordinator_pool: ActorPool | None = None
         self.coordinator = None  # CoordinatorClient
         self.coordinator_address: str | None = None
@@ -104,8 +115,19 @@ class ControlPlane:
         self.learned_top1: float | None = None  # the spot trainer's latest top-1 accuracy (None: not trained)
 
     # ------------------------------------------------------------------ start / stop
+    @property
+    def drafter_dir(self) -> Path:
+        """The run's published-drafter folder: the only place rollout actors load drafters from."""
+        from services.spot_trainer.service import published_dir
+
+        return published_dir(self.run_dir / "checkpoints" / "spot_trainer")
+
     def start(self) -> None:
         cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_token_file(self.run_dir, self.token)
+        n = cfg.rollout.num_actors
+        self.worker_ids = list(range(n))
         self._start_coordinator()
         if cfg.tuner.enabled:
             from services.tuner.grpc_service import TunerClient
@@ -121,7 +143,6 @@ class ControlPlane:
                 num_cpus=0,
             )
             self.tuner_client = TunerClient(self.tuner.call(0, "serve", self.host, 0, self.token), self.token)
-        n = cfg.rollout.num_actors
         sampling = dict(
             temperature=cfg.rollout.temperature,
             top_p=cfg.rollout.top_p,
@@ -129,7 +150,6 @@ class ControlPlane:
             max_new_tokens=cfg.rollout.max_new_tokens,
         )
         table = self.strategy_table() if self.tuner_client is not None else None
-        self.worker_ids = list(range(n))
         self.rollout = ActorPool.create(
             RolloutWorker,
             [(i, str(self.model_path), sampling) for i in range(n)],
@@ -143,6 +163,7 @@ class ControlPlane:
                     tuner_table=table,
                     tuner_budgets=dict(cfg.tuner.budgets),
                     learned=self.learned,
+                    drafter_dir=str(self.drafter_dir),
                 )
                 for _ in range(n)
             ],
@@ -168,9 +189,12 @@ class ControlPlane:
             [(c.heartbeat_timeout_s, s.preempt_deadline_s, s.min_fresh_samples, c.heartbeat_interval_s)],
             self.use_ray,
             num_cpus=0,
+            # the run's workers and the driver's view: anything else reported over gRPC is refused
+            kwargs_list=[dict(worker_ids=[str(w) for w in self.worker_ids], initial_run=self.run_info())],
         )
         self.coordinator_address = self.coordinator_pool.call(0, "serve", self.host, c.port, self.token)
         self.coordinator = CoordinatorClient(self.coordinator_address, self.token)
+        (self.run_dir / "coordinator_address").write_text(self.coordinator_address + "\n")
 
     def restart_coordinator(self, why: str = "") -> None:
         """A fresh coordinator actor, rebuilt from the workers' own reports: every live rollout actor
@@ -232,6 +256,7 @@ class ControlPlane:
             checkpoint_every=s.checkpoint_every,
             min_samples=s.min_fresh_samples,
             nice=s.nice,
+            token=self.token,  # the stream's MAC key (a Ray call argument, like the gRPC token)
         )
         ckpt = str(self.run_dir / "checkpoints" / "spot_trainer")
         self.spot = ActorPool.create(
@@ -249,7 +274,7 @@ class ControlPlane:
     def _connect_streams(self) -> None:
         streams = self.spot.call_all("address", [()] * len(self.spot))
         fraction = self.cfg.spot.stream_fraction
-        self.rollout.call_all("connect_spot_trainer", [(streams, fraction)] * len(self.rollout))
+        self.rollout.call_all("connect_spot_trainer", [(streams, fraction, self.token)] * len(self.rollout))
 
     def ensure_spot(self) -> list[int]:
         """At a phase boundary: every spot-trainer replica that died is started again on its checkpoint
@@ -274,6 +299,7 @@ class ControlPlane:
                 self.spot.call(i, "serve", self.host, 0, self.token), self.token
             )
             self.spot_restarts += 1
+            self.spot.call(i, "set_policy_version", int(self.run_info().get("policy_version", 0)))
             st = self.spot.call(i, "stats")
             self.log(
                 f"spot-trainer replica {i} died; restarted from its checkpoint at step {st['resumed_step']} "
@@ -318,7 +344,9 @@ class ControlPlane:
             return 0
 
     def _grant(self, g: dict) -> bool:
-        """Hand a coordinator grant to the worker's replica; False (and the worker released) if refused."""
+        """Hand a coordinator grant to the worker's replica, bounded by ``spot.grant_deadline_s`` (the phase
+        end preempts it sooner); False (and the worker released) if refused."""
+        g = dict(g, deadline=time.time() + self.cfg.spot.grant_deadline_s)
         try:
             out = self.spot_clients[self._replica(g["worker_id"])].grant(g)
         except grpc.RpcError as e:  # the replica is down: no training on this bubble

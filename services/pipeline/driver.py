@@ -295,7 +295,10 @@ class RLDriver:
             self.log,
         )
         self.plane.start()
-        self.log(f"coordinator: tailspec status --address {self.plane.coordinator_address}")
+        self.log(
+            f"coordinator at {self.plane.coordinator_address}: tailspec status --run-dir {self.run_dir} "
+            "(the run's token is in its grpc_token file, mode 0600)"
+        )
         from services.policy_trainer.actor import PolicyTrainerService
 
         self.trainer = ActorPool.create(

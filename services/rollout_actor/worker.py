@@ -22,6 +22,7 @@ import threading
 import time
 import zlib
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -127,6 +128,8 @@ class RolloutWorker:
         threads: torch intra-op threads for this worker.
         policy: speculation strategy policy (default off).
         drafters: name -> Drafter.
+        drafter_dir: the run's published-drafter folder (``<run>/checkpoints/spot_trainer/published``);
+            ``LoadDrafter`` loads a version only from there (None: it loads none).
     """
 
     def __init__(
@@ -143,6 +146,7 @@ class RolloutWorker:
         tuner_table: dict | None = None,
         tuner_budgets: dict | None = None,
         learned: dict | None = None,
+        drafter_dir: str | None = None,
     ):
         torch.set_num_threads(max(1, threads))
         from tokenizers import Tokenizer
@@ -156,6 +160,8 @@ class RolloutWorker:
         self.max_batch_size = max_batch_size
         self.strategy = strategy_from_config(speculative)
         self.learned_cfg = learned
+        # the run's published-drafter folder: LoadDrafter loads only versions published there
+        self.drafter_dir = None if drafter_dir is None else Path(drafter_dir).resolve()
         self.drafters = drafters if drafters is not None else build_drafters(self.model, learned=learned)
         learned_drafter = self.drafters.get("learned")
         self.hidden_layers = tuple(getattr(learned_drafter, "required_hidden_layers", ()))
@@ -187,8 +193,9 @@ class RolloutWorker:
 
     # ------------------------------------------------------------------ control plane (gRPC)
     def serve(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> str:
-        """Serve ``tailspec.v1.RolloutService`` (plus health) from this process; returns ``host:port``."""
-        from services.common.grpc_server import GrpcServer, expose
+        """Serve ``tailspec.v1.RolloutService`` (plus health) from this process; returns ``host:port``. Every
+        call must carry ``token`` (required)."""
+        from services.common.grpc_server import GrpcServer, expose, require_token
         from services.common.proto_gen.tailspec.v1 import rollout_pb2_grpc
         from services.rollout_actor.grpc_service import RolloutGrpc
 
@@ -197,7 +204,7 @@ class RolloutWorker:
             [expose(rollout_pb2_grpc.RolloutServiceServicer, adapter)],
             host=host,
             port=port,
-            token=token,
+            token=require_token(token, "a rollout actor's gRPC service"),
             name=f"rollout-{self.worker_id}",
         )
         self.server.start()
@@ -291,32 +298,82 @@ class RolloutWorker:
             self._busy.release()
         return True, False, self.tuned.table.version
 
-    def apply_drafter(self, version: int, path: str) -> tuple[bool, bool, int]:
-        """Load the learned drafter version published at ``path`` now, or at the next rollout when one is
-        running. Returns (accepted, deferred, active drafter version)."""
+    def published_drafter(self, version: int, path: str | None = None) -> Path:
+        """The folder of drafter ``version`` in the run's published-drafter folder (``drafter_dir``).
+
+        ``path`` (optional, as ``LoadDrafter`` carries it) must name that very folder. Raises
+        ``InvalidArgument`` for a version < 1, a relative path, a path outside the run's folder (symlinks
+        resolved) or another version's folder, and when this actor has no learned drafter or no folder;
+        ``Refused`` (NOT_FOUND) when the version is not published there (complete, marker written)."""
+        from services.common.validation import InvalidArgument, Refused, check_counter
+        from services.spot_trainer.trainer import MARKER, PUBLISHED_TENSORS, STATE_JSON
+
+        if "learned" not in self.drafters:
+            raise InvalidArgument(f"worker {self.worker_id} has no learned drafter")
+        if self.drafter_dir is None:
+            raise InvalidArgument(f"worker {self.worker_id} has no published-drafter folder to load from")
+        version = check_counter(version, "drafter.version", at_least=1)
+        root = self.drafter_dir
+        folder = root / f"v{version:09d}"
+        if path:
+            given = Path(path)
+            if not given.is_absolute():
+                raise InvalidArgument(f"drafter.checkpoint_path {str(path)[:200]!r} is not absolute")
+            real = given.resolve()
+            if not real.is_relative_to(root):
+                raise InvalidArgument(
+                    f"drafter.checkpoint_path {str(path)[:200]!r} is outside the run's drafter folder {root}"
+                )
+            if real != folder.resolve():
+                raise InvalidArgument(
+                    f"drafter.checkpoint_path {str(path)[:200]!r} is not the folder of version {version}"
+                )
+        real = folder.resolve()
+        files = [real / f for f in (MARKER, STATE_JSON, PUBLISHED_TENSORS)]
+        if not real.is_relative_to(root) or not all(
+            f.is_file() and f.resolve().is_relative_to(root) for f in files
+        ):
+            raise Refused(f"drafter version {version} is not published in the run's drafter folder {root}")
+        return real
+
+    def apply_drafter(self, version: int, path: str | None = None) -> tuple[bool, bool, int]:
+        """Load the learned drafter ``version`` from the run's published-drafter folder now, or at the next
+        rollout when one is running (``path``, optional, must name that version's folder there:
+        ``published_drafter``). Returns (accepted, deferred, active drafter version)."""
+        folder = self.published_drafter(version, path)
         if version <= self.drafter_version:
             return False, False, self.drafter_version
         if not self._busy.acquire(blocking=False):
-            self._pending["drafter"] = (version, path)
+            self._pending["drafter"] = (version, str(folder))
             return True, True, self.drafter_version
         try:
-            self._load_published(version, path)
+            self._load_published(version, str(folder))
         finally:
             self._busy.release()
         return True, False, self.drafter_version
 
     def _load_published(self, version: int, path: str) -> None:
+        """Load a published drafter (JSON + safetensors, never a pickle); ``ValueError`` leaves the drafter
+        as it was."""
         from services.spot_trainer.trainer import load_published
 
         self.load_drafter(load_published(path), version)
 
     def _apply_pending(self) -> None:
-        """At a phase boundary (start of a rollout): what gRPC delivered while the last one ran."""
+        """At a phase boundary (start of a rollout): what gRPC delivered while the last one ran. A drafter
+        version that no longer loads (pruned, malformed) is logged and skipped: the rollout goes on with the
+        drafter it has."""
         pending, self._pending = self._pending, {}
         if "table" in pending and self.tuned is not None:
             self.tuned.update_table(pending["table"][0])
         if "drafter" in pending:
-            self._load_published(*pending["drafter"])
+            version, path = pending["drafter"]
+            try:
+                self._load_published(version, str(self.published_drafter(version, path)))
+            except (OSError, ValueError) as e:
+                logging.getLogger(__name__).warning(
+                    "worker %s: drafter version %s not loaded: %s", self.worker_id, version, e
+                )
 
     def status(self) -> dict:
         return dict(
@@ -391,9 +448,12 @@ class RolloutWorker:
         )
 
     # ------------------------------------------------------------------ hidden states -> spot trainer
-    def connect_spot_trainer(self, address: str | list[str], stream_fraction: float = 1.0) -> bool:
+    def connect_spot_trainer(
+        self, address: str | list[str], stream_fraction: float = 1.0, token: str | None = None
+    ) -> bool:
         """Stream committed tokens' hidden states (one frame per finished request) to the spot trainer (one
-        ZeroMQ endpoint, or several replicas' endpoints: frames are spread round-robin over them).
+        ZeroMQ endpoint, or several replicas' endpoints: frames are spread round-robin over them). With
+        ``token`` (the run's secret) every frame carries an HMAC-SHA256 the receivers check.
 
         Only requests selected by ``streams_hidden(request_id, stream_fraction)`` are collected and sent
         (``spot.stream_fraction``). Raises ValueError if ``stream_fraction`` is not in (0, 1]."""
@@ -406,7 +466,7 @@ class RolloutWorker:
 
         if getattr(self, "_sender", None) is not None:  # re-pointed after a replica restart
             self._sender.close()
-        self._sender = HiddenStateSender(address, hwm=1024)
+        self._sender = HiddenStateSender(address, hwm=1024, token=token)
         self._pending_hidden: dict[str, list | None] = {}  # None: a request that is not streamed
         self.hidden_sink = self._collect_hidden
         self.engine = self._new_engine(self.drafters, self.engine.policy)
@@ -439,6 +499,16 @@ class RolloutWorker:
         d = self.drafters.get("learned")
         if d is None:
             raise ValueError(f"worker {self.worker_id} has no learned drafter")
+        own = d.model.state_dict()
+        bad = sorted(set(own) ^ set(state)) or [
+            k
+            for k, v in own.items()
+            if not isinstance(state[k], torch.Tensor)
+            or state[k].shape != v.shape
+            or state[k].dtype != v.dtype
+        ]
+        if bad:  # checked before loading: a half-loaded head would be worse than the old one
+            raise ValueError(f"worker {self.worker_id}: drafter state does not match the head: {bad[:3]}")
         d.model.load_state_dict(state)
         self.drafter_version = version
         return version

@@ -74,14 +74,18 @@ class TunerService:
         return self.merged
 
     def serve(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> str:
-        """Serve ``tailspec.v1.TunerService`` (plus health) from this process; returns ``host:port``."""
-        from services.common.grpc_server import GrpcServer, expose
+        """Serve ``tailspec.v1.TunerService`` (plus health) from this process; returns ``host:port``. Every
+        call must carry ``token`` (required)."""
+        from services.common.grpc_server import GrpcServer, expose, require_token
         from services.common.proto_gen.tailspec.v1 import tuner_pb2_grpc
         from services.tuner.grpc_service import TunerGrpc
 
         adapter = TunerGrpc(self)
         self.server = GrpcServer(
-            [expose(tuner_pb2_grpc.TunerServiceServicer, adapter)], host=host, port=port, token=token
+            [expose(tuner_pb2_grpc.TunerServiceServicer, adapter)],
+            host=host,
+            port=port,
+            token=require_token(token, "the tuner's gRPC service"),
         )
         self.server.start()
         adapter.address = self.server.address

@@ -17,6 +17,7 @@ from services.tuner.policy import OFF_SAMPLE_EVERY
 from services.tuner.service import TunerService
 
 SAMPLING = dict(temperature=0.9, top_p=1.0, top_k=0, max_new_tokens=24)
+TOKEN = "test-token"  # every service requires the run's token
 
 
 def test_table_round_trips_through_the_message():
@@ -30,7 +31,7 @@ def test_table_round_trips_through_the_message():
 
 def test_tuner_service_over_grpc():
     svc = TunerService()
-    client = TunerClient(svc.serve(), timeout=10)
+    client = TunerClient(svc.serve(token=TOKEN), TOKEN, timeout=10)
     try:
         first = client.table()
         assert first == svc.table()
@@ -56,18 +57,18 @@ def test_rollout_actor_over_grpc(tiny_policy_dir, tmp_path):
     """Observations to the tuner at the end of a shard; a table pushed mid-rollout is deferred to the next
     one; heartbeats keep the worker alive; a restarted coordinator adopts the worker's own state."""
     tuner = TunerService(available_drafters=["suffix", "ngram"])
-    tuner_address = tuner.serve()
+    tuner_address = tuner.serve(token=TOKEN)
     coord = CoordinatorActor(heartbeat_timeout_s=30.0)
-    coord_address = coord.serve()
+    coord_address = coord.serve(token=TOKEN)
     w = RolloutWorker(
         0, str(tiny_policy_dir), SAMPLING, max_batch_size=4, tuner_table=tuner.table(), learned=None
     )
     client = None
     coord2 = None
     try:
-        client = RolloutClient(w.serve(), timeout=30)
-        assert w.connect_coordinator(coord_address, heartbeat_interval_s=0.1) == "IDLE"
-        assert w.connect_tuner(tuner_address)
+        client = RolloutClient(w.serve(token=TOKEN), TOKEN, timeout=30)
+        assert w.connect_coordinator(coord_address, TOKEN, heartbeat_interval_s=0.1) == "IDLE"
+        assert w.connect_tuner(tuner_address, TOKEN)
         assert client.status()["state"] == "IDLE"
         res = w.rollout(_requests(6, [5, 6, 7, 8]), step=1)
         assert len(res.outputs) == 6 and sum(res.choices.values()) == len(res.steps)
@@ -98,7 +99,7 @@ def test_rollout_actor_over_grpc(tiny_policy_dir, tmp_path):
         # the coordinator dies; a fresh one learns the worker's state from its re-registration
         coord.close()
         coord2 = CoordinatorActor(heartbeat_timeout_s=30.0)
-        assert w.connect_coordinator(coord2.serve()) == "IDLE"
+        assert w.connect_coordinator(coord2.serve(token=TOKEN), TOKEN) == "IDLE"
         assert coord2.coordinator.state("0") == "IDLE"
         assert client.status()["finished_requests"] == 8
     finally:
@@ -113,7 +114,7 @@ def test_rollout_actor_over_grpc(tiny_policy_dir, tmp_path):
 
 def test_load_drafter_needs_a_published_path(tiny_policy_dir):
     w = RolloutWorker(0, str(tiny_policy_dir), SAMPLING, max_batch_size=2)
-    client = RolloutClient(w.serve(), timeout=30)
+    client = RolloutClient(w.serve(token=TOKEN), TOKEN, timeout=30)
     try:
         with pytest.raises(grpc.RpcError) as e:
             client.load_drafter(1, "")
