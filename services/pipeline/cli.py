@@ -11,10 +11,12 @@ prints one clear ``error:`` line and exits with status 2; no summary.json is wri
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from services.common.config import REPO_ROOT, ConfigError, load_config
+from services.common.config import REDACTED, REPO_ROOT, ConfigError, load_config
+from services.common.grpc_server import read_token_file
 
 
 def _console():
@@ -39,6 +41,13 @@ def cmd_train(args) -> int:
                 raise ConfigError("--resume names the run folder; leave --run-dir out")
             # the run's own resolved config, plus any overrides given now (e.g. more trainer.steps)
             cfg = load_config(Path(args.resume) / "config.yaml", args.overrides)
+            if cfg.grpc.token == REDACTED:  # an operator's token: config.yaml never holds it, its file does
+                try:
+                    cfg.grpc.token = os.environ.get("TAILSPEC_GRPC_TOKEN") or read_token_file(args.resume)
+                except OSError as e:
+                    raise ConfigError(
+                        f"--resume {args.resume}: the run's grpc token is unreadable ({e})"
+                    ) from None
             driver = RLDriver(cfg, run_dir=Path(args.resume), console=_console(), resume=True)
         else:
             cfg = load_config(args.config, args.overrides)

@@ -29,7 +29,7 @@ import numpy as np
 
 from services.common.config import Config, resolve_path, to_yaml
 from services.common.ray_utils import ActorPool, init_ray
-from services.pipeline.control_plane import ControlPlane
+from services.pipeline.control_plane import ControlPlane, actor_died
 from services.pipeline.datasets import GSM8KExample, default_dataset_dir, format_prompt, load_gsm8k
 from services.pipeline.outputs import RunWriter, length_stats, new_run_id, plot_curves, plot_response_lengths
 from services.pipeline.rewards import gsm8k_reward
@@ -258,6 +258,8 @@ class RLDriver:
         self.rows: list[dict] = []
         self.lengths_per_step: list[list[int]] = []
         self._timeline = None
+        self._pending_updates: list[list[dict]] = []  # each update's samples since the newest checkpoint
+        self.trainer_restarts = 0
 
     # ------------------------------------------------------------------ services
     def _start_services(self) -> None:
@@ -459,7 +461,8 @@ class RLDriver:
 
         t0 = time.perf_counter()
         self._set_phase("train")
-        stats = self.trainer.call(0, "train_step", samples)
+        stats = self._trainer_call("train_step", samples)
+        self._pending_updates.append(samples)
         bad = [k for k in ("loss", "grad_norm") if not np.isfinite(stats.get(k, 0.0))]
         if bad:
             raise TrainingError(
@@ -471,7 +474,7 @@ class RLDriver:
 
         t0 = time.perf_counter()
         version = int(stats["version"])
-        state = self.trainer.call(0, "policy_state_dict")
+        state = self._trainer_call("policy_state_dict")
         if cfg.ray.use_ray:
             import ray
 
@@ -512,6 +515,7 @@ class RLDriver:
             "bubble_trained_seconds": bubble["bubble_trained_s"],
             "bubble_utilization": bubble["bubble_utilization"],
             "drafter_version": self.plane.drafter_version,
+            "trainer_restarts": self.trainer_restarts,
             **spot_row,
             "workers": [
                 {
@@ -556,11 +560,12 @@ class RLDriver:
         writer.write_config(to_yaml(cfg))
         self.log(f"run directory: {self.run_dir}" + (f" (resuming after step {done})" if self.resume else ""))
         t_run = time.perf_counter()
+        self.rows = writer.read_metrics()  # a resumed run's steps so far (the services start at that point)
         self._start_services()
         caught = _SignalFlag()
         try:
             if ckpt_state:
-                self._restore(*ckpt_state, writer)
+                self._restore(*ckpt_state)
             progress = _Progress(self.console, cfg.trainer.steps)
             for step in range(done + 1, cfg.trainer.steps + 1):
                 row = self.step(step)
@@ -578,7 +583,7 @@ class RLDriver:
             ckpt = None
             if cfg.trainer.save_checkpoint:
                 ckpt = self.run_dir / "checkpoints" / "policy"
-                self.trainer.call(0, "save_checkpoint", str(ckpt))
+                self._trainer_call("save_checkpoint", str(ckpt))
                 _copy_tokenizer(self.model_path, ckpt)
             self._timeline = self.plane.timeline()
         finally:
@@ -624,7 +629,7 @@ class RLDriver:
         tmp, final = root / f".step-{step}.tmp", root / f"step-{step}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        self.trainer.call(0, "save_state", str(tmp / "trainer"))
+        self._trainer_call("save_state", str(tmp / "trainer"))
         tuner = root / "tuner_state.json"
         if tuner.is_file():
             shutil.copy2(tuner, tmp / "tuner_state.json")
@@ -641,12 +646,39 @@ class RLDriver:
         (tmp / "driver.json").write_text(json.dumps(state))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
+        self._pending_updates = []  # the trainer can now be restored from this checkpoint alone
         old = sorted(
             (p for p in root.glob("step-*") if p != final), key=lambda p: int(p.name.split("-", 1)[1])
         )
         for p in old[: max(0, len(old) - (CHECKPOINTS_KEPT - 1))]:
             shutil.rmtree(p, ignore_errors=True)
         return final
+
+    def _trainer_call(self, method: str, *args):
+        """A policy-trainer call; a trainer actor that died is restarted once (``_restart_trainer``) and the
+        call repeated, so the run goes on with the step in flight redone."""
+        try:
+            return self.trainer.call(0, method, *args)
+        except Exception as e:
+            if not actor_died(e):
+                raise
+            self._restart_trainer(f"{method}: {type(e).__name__}")
+            return self.trainer.call(0, method, *args)
+
+    def _restart_trainer(self, why: str) -> None:
+        """A fresh trainer actor, restored to the policy version the run had: the newest checkpoint, then the
+        updates since it replayed on their own samples (same samples, same shuffling state: same weights)."""
+        self.trainer.respawn(0)
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is not None:
+            self.trainer.call(0, "load_state", str(ckpt / "trainer"))
+        for samples in self._pending_updates:
+            self.trainer.call(0, "train_step", samples)
+        self.trainer_restarts += 1
+        self.log(
+            f"policy trainer died ({why}); restarted from {ckpt.name if ckpt else 'the initial policy'} "
+            f"+ {len(self._pending_updates)} replayed update(s)"
+        )
 
     def _resume_point(self) -> tuple[Path, dict]:
         """The newest complete checkpoint and its driver state; points the tuner at its saved state."""
@@ -657,10 +689,10 @@ class RLDriver:
             self.cfg.tuner.init_state = str(ckpt / "tuner_state.json")
         return ckpt, state
 
-    def _restore(self, ckpt: Path, state: dict, writer: RunWriter) -> None:
+    def _restore(self, ckpt: Path, state: dict) -> None:
         """Continue from ``ckpt``: trainer (policy, optimizer), the rollout actors' weights, data cursor, RNG."""
-        version = self.trainer.call(0, "load_state", str(ckpt / "trainer"))
-        weights = self.trainer.call(0, "policy_state_dict")
+        version = self._trainer_call("load_state", str(ckpt / "trainer"))
+        weights = self._trainer_call("policy_state_dict")
         if self.cfg.ray.use_ray:
             import ray
 
@@ -672,7 +704,6 @@ class RLDriver:
         self.lengths.hist = {k: list(h) for k, h in state["length_history"].items()}
         self.lengths.global_mean = state["length_global_mean"]
         self.lengths_per_step = state["lengths_per_step"]
-        self.rows = writer.read_metrics()
         self.log(f"resumed from {ckpt} (policy version {version})")
 
     def _summary(self, wall: float, ckpt) -> dict:

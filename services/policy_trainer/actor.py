@@ -37,6 +37,10 @@ class PolicyTrainerService:
     def ping(self) -> int:
         return self.trainer.version
 
+    def pid(self) -> int:
+        """This actor's process id (fault tests kill it)."""
+        return os.getpid()
+
     def train_step(self, samples: list[dict]) -> dict:
         before = torch.get_num_threads()
         torch.set_num_threads(self.threads)

@@ -86,8 +86,12 @@ def test_sigkill_then_resume_completes_like_an_uninterrupted_run(
 
 
 def test_sigterm_stops_after_the_step_with_a_checkpoint(tmp_path, tiny_policy_dir):
+    """With an operator's gRPC token, which config.yaml never holds: the resumed run reads it from the run's
+    token file."""
     run = tmp_path / "run"
-    proc = _spawn(["--run-dir", str(run), f"model.path={tiny_policy_dir}", *QUICK])
+    proc = _spawn(
+        ["--run-dir", str(run), f"model.path={tiny_policy_dir}", *QUICK, "grpc.token=operator-secret"]
+    )
     _wait_for(run / "checkpoints" / "step-1" / "driver.json", proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
@@ -96,6 +100,7 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint(tmp_path, tiny_policy_di
     done = [r["step"] for r in _rows(run)]
     assert done and done == list(range(1, len(done) + 1)) and len(done) < STEPS
     assert (run / "checkpoints" / f"step-{done[-1]}" / "driver.json").is_file()
+    assert "operator-secret" not in (run / "config.yaml").read_text()
     assert main(["train", "--resume", str(run)]) == 0
     _check_complete(run)
 
