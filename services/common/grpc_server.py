@@ -56,13 +56,14 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.common.config import REDACTED
+
 log = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_COORDINATOR_PORT = 50051
 TOKEN_ENV = "TAILSPEC_GRPC_TOKEN"  # an operator-chosen run token (else one is generated per run)
 TOKEN_FILE = "grpc_token"  # <run_dir>/grpc_token: the run's token, mode 0600, read by `tailspec status`
-REDACTED = "<redacted>"
 AUTH_HEADER = "authorization"
 HEALTH_SERVICE = "grpc.health.v1.Health"
 
