@@ -19,8 +19,8 @@ Contract
   deterministic drafter (suffix, n-gram, greedy heads) changes how fast, never which, tokens are emitted
   (up to float round-off between a verify and a decode forward). Sampled drafts (``probs`` set) are verified
   by the sequential rule with further uniforms from the generator.
-* Speculation: per decode step the ``StrategyPolicy`` gives every request a ``Strategy`` (or, under the
-  policy's ``Lease``, the step is plain and the policy is not asked: ``speculative/strategy.py``); the named
+* Speculation: per decode step the ``StrategySelector`` gives every request a ``Strategy`` (or, under the
+  selector's ``Lease``, the step is plain and the selector is not asked: ``speculative/strategy.py``); the named
   drafter proposes a chain or tree; all requests are verified in ONE batched target forward (tree attention
   masks); ``speculative.verify.verify_tree`` applies the lossless acceptance rule; rejected KV positions are
   rolled back (only the slot length moves) and an accepted tree path is compacted in place.
@@ -59,12 +59,12 @@ from services.rollout_actor.sampling import processed_probs, sample_from_probs
 from services.rollout_actor.speculative.base import Drafter, DraftRequest, DraftTree
 from services.rollout_actor.speculative.strategy import (
     OFF,
-    FixedPolicy,
+    FixedStrategy,
     Lease,
     LeaseSample,
     StepObservation,
     Strategy,
-    StrategyPolicy,
+    StrategySelector,
 )
 
 
@@ -130,7 +130,7 @@ class StepRecord:
     accepted: int
     draft_seconds: float
     capture_seconds: float = 0.0  # part of ``seconds`` spent capturing CUDA graphs (one-off; not observed)
-    leased: bool = False  # a plain step played under the policy's ``Lease``: neither chosen nor observed
+    leased: bool = False  # a plain step played under the selector's ``Lease``: neither chosen nor observed
     # the process's CPU time over ``seconds`` (``Engine(cpu_clock=True)`` only)
     cpu_seconds: float | None = None
 
@@ -161,7 +161,7 @@ class Engine:
         tokenizer: optional ``tokenizers.Tokenizer``-like object with ``decode(ids)``; needed for stop strings
             and ``RequestOutput.text``.
         drafters: name -> ``Drafter`` available to strategies.
-        policy: per-step ``StrategyPolicy`` (default: speculation off).
+        selector: per-step ``StrategySelector`` (default: speculation off).
         hidden_layers: target layers whose hidden states the learned drafter reads (``num_hidden_layers`` =
             the final normed state). Empty: no hidden states are kept.
         hidden_sink: optional callback ``(request_id, positions [n], tokens [n], hidden [n, k, H])`` receiving,
@@ -188,7 +188,7 @@ class Engine:
         eos_token_ids: Sequence[int] | None = None,
         tokenizer=None,
         drafters: dict[str, Drafter] | None = None,
-        policy: StrategyPolicy | None = None,
+        selector: StrategySelector | None = None,
         hidden_layers: Sequence[int] = (),
         hidden_sink: Callable[..., None] | None = None,
         seed: int = 0,
@@ -205,7 +205,7 @@ class Engine:
         self.eos = set(eos_token_ids if eos_token_ids is not None else self.cfg.eos_ids())
         self.tokenizer = tokenizer
         self.drafters = dict(drafters or {})
-        self.policy = policy or FixedPolicy()
+        self.selector = selector or FixedStrategy()
         self.cpu_clock = bool(cpu_clock)
         self.hidden_layers = tuple(hidden_layers)
         self.hidden_sink = hidden_sink
@@ -244,13 +244,13 @@ class Engine:
 
     # ------------------------------------------------------------------ public API
     @property
-    def policy(self) -> StrategyPolicy:
-        return self._policy
+    def selector(self) -> StrategySelector:
+        return self._selector
 
-    @policy.setter
-    def policy(self, policy: StrategyPolicy) -> None:
-        self._policy = policy
-        self._lease: Lease | None = None  # the policy's, once it has been asked (strategy.py: leases)
+    @selector.setter
+    def selector(self, selector: StrategySelector) -> None:
+        self._selector = selector
+        self._lease: Lease | None = None  # the selector's, once it has been asked (strategy.py: leases)
 
     def now(self) -> float:
         return time.perf_counter() - self.clock_origin
@@ -505,10 +505,10 @@ class Engine:
         b = len(rows)
         lease = self._lease
         if lease is not None and not (lease.left > 0 and lease.lo <= b < lease.hi):
-            lease = self._lease = lease.covering(b)  # another of the policy's leases, or none: ask
+            lease = self._lease = None  # spent, or another batch size: ask the selector
         leased = lease is not None
-        if leased:  # a plain step the policy has vouched for (strategy.py: leases): not asked, not told
-            sampled = lease.take()  # a sampled one is timed for the policy too (strategy.py: leases)
+        if leased:  # a plain step the selector has vouched for (strategy.py: leases): not asked, not told
+            sampled = lease.take()  # a sampled one is timed for the selector (strategy.py: leases)
             if sampled:
                 tt0 = time.thread_time()
             strategies = [OFF] * b
@@ -524,7 +524,7 @@ class Engine:
                 )
                 for r in rows
             ]
-            strategies = self._policy.choose(dreqs)
+            strategies = self._selector.choose(dreqs)
             drafts = self._propose(rows, dreqs, strategies)
         t_draft = time.perf_counter() - t0
 
@@ -678,11 +678,11 @@ class Engine:
             )
         )
         if not leased:
-            policy = self._policy
-            policy.observe(
+            selector = self._selector
+            selector.observe(
                 StepObservation(b, arm, committed_total, drafted_total, accepted_total, seconds, captured)
             )
-            self._lease = getattr(policy, "lease", None)
+            self._lease = getattr(selector, "lease", None)
         return finished
 
     def _drafters_of(self, s: Strategy) -> list[Drafter]:

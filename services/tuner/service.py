@@ -2,13 +2,12 @@
 
 Plain Python, hosted as a Ray actor (or in-process) that serves ``tailspec.v1.TunerService`` over gRPC
 (``serve()``; see ``services/tuner/grpc_service.py``): rollout actors report observations there, the driver
-fetches tables there. Its state (the bandit's windows, guards and RNG) is checkpointed to
+fetches tables there. Its state (the bandit's windows and bans) is checkpointed to
 ``checkpoint_path`` after every merge (atomic write) and restored on start, so a restarted tuner resumes
 where it stopped. A new run can start from an earlier run's state instead (``init_state``, config key
 ``tuner.init_state``): the arms' costs per batch size are a property of the model and the machine, so the
-evidence phase (each arm probed and guarded in every bucket: the first ~5 rollouts, measured in
-``benchmarks/rollout_longtail.py``) need not be paid again. The learned drafter's arms (``learned``,
-``hybrid``) start afresh, since the new run trains a new head.
+probes (each arm tried, and banned or kept, in every bucket) need not be paid again. The learned drafter's
+arms (``learned``, ``hybrid``) start afresh, since the new run trains a new head.
 """
 
 from __future__ import annotations
@@ -65,7 +64,7 @@ class TunerService:
             self.restored = True
         elif init_state:
             load_state_file(self.bandit, init_state)
-            self.bandit.reset_arms(Drafter.LEARNED)  # a new head: its arms' (and hybrid's) evidence is stale
+            self.bandit.reset_arms([Drafter.LEARNED, Drafter.HYBRID])  # a new head: their evidence is stale
             self.warm_started = True
         self._table = self.bandit.table()
         self.server = None
