@@ -112,15 +112,27 @@ class _Arm:
 
     def state(self, steps: int) -> dict[str, Any]:
         ban_left = self.banned_until - steps if self.banned_until >= 0 else -1
-        return {"window": [list(x) for x in self.window], "n": self.n, "explored": self.explored,
-                "strikes": self.strikes, "ban_left": ban_left}  # fmt: skip
+        return {
+            "window": [list(x) for x in self.window],
+            "n": self.n,
+            "explored": self.explored,
+            "strikes": self.strikes,
+            "ban_left": ban_left,
+        }
 
     def stats(self) -> dict[str, Any]:
         w = self.window
         ratio = sum(t for t, _ in w) / sum(s for _, s in w) if w else None
         median = statistics.median(t / s for t, s in w) if w else None
-        return {"n": len(w), "total": self.n, "ratio": ratio, "median": median, "explored": self.explored,
-                "guarded": self.banned_until >= 0, "strikes": self.strikes}  # fmt: skip
+        return {
+            "n": len(w),
+            "total": self.n,
+            "ratio": ratio,
+            "median": median,
+            "explored": self.explored,
+            "guarded": self.banned_until >= 0,
+            "strikes": self.strikes,
+        }
 
     def estimate(self, min_samples: int) -> tuple[float, float] | None:
         """(throughput, standard error) in committed tokens per second, or None below ``min_samples``."""
@@ -146,7 +158,8 @@ def _faster(a: tuple[float, float], b: tuple[float, float], z: float) -> bool:
 
 
 class BucketedBandit:
-    """The central strategy table over ``arms`` (``off`` is added when missing): module docstring."""
+    """The central strategy table over ``arms`` (``off`` is added when missing): module docstring. Rewards are
+    in committed tokens per second; ``steps`` count decode steps."""
 
     def __init__(self, arms: Iterable[Arm], cfg: BanditConfig | None = None) -> None:
         self.cfg = cfg or BanditConfig()
@@ -158,22 +171,19 @@ class BucketedBandit:
         self.dropped = 0  # observations of unknown arms
 
     def bucket_of(self, batch_size: int) -> int:
+        """The bucket index of an active batch size (sizes below the first edge go to bucket 0)."""
         return max(0, bisect.bisect_right(self.edges, batch_size) - 1)
 
     def bucket_range(self, i: int) -> tuple[int, int | None]:
+        """Bucket ``i``'s batch sizes ``[lo, hi)``; ``hi`` None: open-ended."""
         return self.edges[i], self.edges[i + 1] if i + 1 < len(self.edges) else None
 
-    def observe(self, batch_size: int, arm: Arm | str, committed_tokens: float, seconds: float, steps: int = 1,
-                explored: bool = False) -> bool:  # fmt: skip
-        """One record: a step's committed tokens and seconds (``steps``: how many steps it stands for;
-        ``seconds`` <= 0: counted, not timed). Returns False for an arm this bandit does not have."""
-        ob = {
-            "batch_size": batch_size,
-            "arm": str(arm),
-            "committed_tokens": committed_tokens,
-            "seconds": seconds,
-        }
-        return self.merge([{**ob, "steps": steps, "explored": explored}]) == 1
+    def observe(self, batch_size: int, arm: Arm | str, tokens: float, seconds: float, **kw: Any) -> bool:
+        """One record: a step's committed tokens and seconds (``seconds`` <= 0: counted, not timed); ``kw``:
+        ``steps`` (how many steps it stands for, default 1) and ``explored``. Returns False for an arm this
+        bandit does not have."""
+        ob = {"batch_size": batch_size, "arm": str(arm), "committed_tokens": tokens, "seconds": seconds}
+        return self.merge([{**ob, **kw}]) == 1
 
     def merge(self, observations: Iterable[Mapping[str, Any]]) -> int:
         """Fold actors' observation dicts (``StrategySelector.drain_observations``: ``batch_size``, ``arm``,
@@ -290,8 +300,14 @@ class BucketedBandit:
             for b in self._buckets
         ]
         arms = [a.to_dict() for a in self.arms]
-        return {"format": STATE_FORMAT, "config": self.cfg.to_dict(), "arms": arms, "buckets": buckets,
-                "version": self.version, "dropped": self.dropped}  # fmt: skip
+        return {
+            "format": STATE_FORMAT,
+            "config": self.cfg.to_dict(),
+            "arms": arms,
+            "buckets": buckets,
+            "version": self.version,
+            "dropped": self.dropped,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore ``state_dict()``. This bandit's config and arms win: arms absent from the state start untried,

@@ -27,6 +27,7 @@ the engine's wall time (``StepObservation.seconds``), needed on CUDA where the t
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections.abc import Mapping
@@ -127,10 +128,7 @@ class StrategySelector:
                 self._accounts[i].tokens = self._accounts[i].seconds = 0.0
 
     def _bucket_of(self, n: int) -> int:
-        i = 0
-        while i + 1 < len(self.edges) and self.edges[i + 1] <= n:
-            i += 1
-        return i
+        return max(0, bisect.bisect_right(self.edges, n) - 1)
 
     def record_lengths(self, items: list[tuple[str, int]]) -> None:
         """Finished responses ``(problem_id, generated tokens)``: the per-problem length history (DAS)."""

@@ -40,6 +40,14 @@ def load_state_file(bandit: BucketedBandit, path: str, key: str = "tuner.init_st
 
 
 class TunerService:
+    """The central tuner: a ``BucketedBandit`` over ``arms`` (default ``default_arms()``, less the drafters not in
+    ``available_drafters``) with ``bandit`` settings (``BanditConfig`` keys), resumed from ``checkpoint_path`` if
+    that file exists, else warm-started from ``init_state`` (module docstring).
+
+    Raises:
+        TunerConfigError: bad arms or settings, or a state file that is missing or does not fit.
+    """
+
     def __init__(
         self,
         arms: Iterable[Any] | None = None,
@@ -53,7 +61,7 @@ class TunerService:
             have = set(available_drafters) | {"off"}
             parsed = [a for a in parsed if str(a.drafter) in have]
         self.arms = parsed
-        self.bandit = BucketedBandit(parsed, BanditConfig.from_dict(dict(bandit or {}), "tuner.bandit"))
+        self.bandit = BucketedBandit(parsed, BanditConfig.from_dict(dict(bandit or {})))
         self.checkpoint_path = checkpoint_path
         self.merged = 0
         self.restored = False  # resumed this run's own checkpoint

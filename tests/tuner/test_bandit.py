@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from services.common.config import ConfigError, load_config
 from services.tuner.arms import OFF, Arm, Drafter, TunerConfigError
 from services.tuner.bandit import BanditConfig, BucketedBandit
 
@@ -34,6 +35,8 @@ def test_config_rejects_unknown_keys_and_bad_values_naming_them():
         BanditConfig.from_dict({"regret_budget": 2.0})
     with pytest.raises(TunerConfigError, match="tuner.bandit.bucket_edges"):
         BanditConfig(bucket_edges=[4, 2])
+    with pytest.raises(ConfigError, match=r"^config: tuner.bandit: unknown key\(s\) \['guard_z'\]; allowed: \["):
+        load_config(None, ["tuner.bandit.guard_z=2"])  # a removed setting fails clearly
     cfg = BanditConfig.from_dict({"window": 16, "bucket_edges": [1, 8]})
     assert (cfg.window, cfg.bucket_edges, cfg.min_samples) == (16, [1, 8], BanditConfig().min_samples)
 
