@@ -87,11 +87,10 @@ class BanditConfig:
         unknown = sorted(str(k) for k in d if k not in known)
         if unknown:
             raise TunerConfigError(f"{source}: tuner.bandit: unknown key(s) {unknown}; allowed: {known}")
-        cfg = cls.__new__(cls)
-        for f in fields(cls):
-            setattr(cfg, f.name, d[f.name] if f.name in d else cls().__dict__[f.name])
-        cfg.validate(source)
-        return cfg
+        try:
+            return cls(**d)
+        except TunerConfigError as e:  # validated as "config": name the real source
+            raise TunerConfigError(str(e).replace("config: ", f"{source}: ", 1)) from None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
