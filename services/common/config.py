@@ -325,8 +325,8 @@ def _validate(cfg: Config) -> None:
     try:
         if cfg.tuner.arms is not None:
             parse_arms(cfg.tuner.arms, "tuner.arms")
-        bandit_cfg = BanditConfig.from_dict(cfg.tuner.bandit, "tuner.bandit")
-        BudgetConfig.from_dict(cfg.tuner.budgets, "tuner.budgets")
+        bandit_cfg = BanditConfig.from_dict(cfg.tuner.bandit)
+        BudgetConfig.from_dict(cfg.tuner.budgets)
         if cfg.tuner.enabled and cfg.tuner.init_state is not None:
             from services.tuner.arms import default_arms
             from services.tuner.bandit import BucketedBandit

@@ -534,7 +534,6 @@ class ControlPlane:
             "gated_drafters": self.gated_drafters(),
             "observations": sum(res.observations_reported for res in results),
             "choices": choices,
-            "demotions": sum(res.demotions for res in results),
             "best_by_bucket": {bucket_name(b): b["best"] for b in buckets},
             "exploration_fraction": sum(b["explored"] for b in buckets) / chosen if chosen else 0.0,
             "arm_reward_median": {

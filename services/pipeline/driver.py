@@ -773,7 +773,6 @@ class RLDriver:
                 "init_state": self.cfg.tuner.init_state,  # an earlier run's tuner state it started from
                 "observations_total": sum(t["observations"] for t in rows),
                 "choices_total": choices,
-                "demotions_total": sum(t.get("demotions", 0) for t in rows),
                 "best_by_bucket": rows[-1]["best_by_bucket"],
                 "exploration_fraction": rows[-1]["exploration_fraction"],
                 "arm_reward_median": rows[-1]["arm_reward_median"],

@@ -30,7 +30,7 @@ from services.rollout_actor.engine import Engine, GenerationRequest, RequestOutp
 from services.rollout_actor.model import Transformer
 from services.rollout_actor.speculative.base import Drafter
 from services.rollout_actor.speculative.stats import aggregate, long_tail_seconds
-from services.rollout_actor.speculative.strategy import FixedPolicy, Strategy, StrategyPolicy
+from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy, StrategySelector
 
 
 def build_drafters(
@@ -110,8 +110,7 @@ class ShardResult:
     outputs: list[RequestOutput]
     steps: list[StepRecord]
     choices: dict | None = None  # tuner arm -> decode steps it was chosen for (None without a tuner)
-    observations_reported: int = 0  # records sent to the tuner after this shard (quiet steps ride on them)
-    demotions: int = 0  # buckets whose drafting best this actor demoted to off (TablePolicy), this shard
+    observations_reported: int = 0  # records sent to the tuner after this shard (leased steps ride on them)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -126,7 +125,7 @@ class RolloutWorker:
         sampling: temperature / top_p / top_k / max_new_tokens used for every request.
         max_batch_size: KV slots.
         threads: torch intra-op threads for this worker.
-        policy: speculation strategy policy (default off).
+        selector: per-step speculation ``StrategySelector`` (default: ``rollout.speculative``'s fixed strategy).
         drafters: name -> Drafter.
         drafter_dir: the run's published-drafter folder (``<run>/checkpoints/spot_trainer/published``);
             ``LoadDrafter`` loads a version only from there (None: it loads none).
@@ -139,7 +138,7 @@ class RolloutWorker:
         sampling: dict,
         max_batch_size: int = 64,
         threads: int = 1,
-        policy: StrategyPolicy | None = None,
+        selector: StrategySelector | None = None,
         drafters: dict | None = None,
         max_seq_len: int | None = None,
         speculative: dict | None = None,
@@ -168,15 +167,15 @@ class RolloutWorker:
         self.drafter_version = 0
         self._pre_rollout_state: dict | None = None
         self.tuned = None
-        if tuner_table is not None and policy is None:
+        if tuner_table is not None and selector is None:
             from services.tuner.budgets import BudgetConfig
-            from services.tuner.policy import TunedStrategyPolicy
+            from services.tuner.selector import StrategySelector as TunedSelector
 
-            self.tuned = TunedStrategyPolicy(
+            self.tuned = TunedSelector(
                 tuner_table, BudgetConfig.from_dict(tuner_budgets or {}), seed=worker_id
             )
-            policy = self.tuned
-        self.engine = self._new_engine(self.drafters, policy or FixedPolicy(self.strategy))
+            selector = self.tuned
+        self.engine = self._new_engine(self.drafters, selector or FixedStrategy(self.strategy))
         # control plane: rollout() holds _busy; gRPC updates arriving meanwhile wait in _pending
         self._busy = threading.Lock()
         self._pending: dict[str, tuple] = {}
@@ -217,7 +216,7 @@ class RolloutWorker:
         return "ROLLOUT" if self._in_rollout else self._coord_state
 
     def _versions(self) -> dict:
-        table = self.tuned.table.version if self.tuned is not None else 0
+        table = self.tuned.version if self.tuned is not None else 0
         return dict(
             policy_version=self.policy_version,
             drafter_version=self.drafter_version,
@@ -287,16 +286,16 @@ class RolloutWorker:
         Returns (accepted, deferred, active table version)."""
         if self.tuned is None:
             return False, False, 0
-        if int(table.get("version", 0)) <= self.tuned.table.version:
-            return False, False, self.tuned.table.version
+        if int(table.get("version", 0)) <= self.tuned.version:
+            return False, False, self.tuned.version
         if not self._busy.acquire(blocking=False):
             self._pending["table"] = (table,)
-            return True, True, self.tuned.table.version
+            return True, True, self.tuned.version
         try:
             self.tuned.update_table(table)
         finally:
             self._busy.release()
-        return True, False, self.tuned.table.version
+        return True, False, self.tuned.version
 
     def published_drafter(self, version: int, path: str | None = None) -> Path:
         """The folder of drafter ``version`` in the run's published-drafter folder (``drafter_dir``).
@@ -398,7 +397,7 @@ class RolloutWorker:
         if not obs:
             return choices, 0
         try:
-            self._tuner.report(str(self.worker_id), obs, self.tuned.table.version)
+            self._tuner.report(str(self.worker_id), obs, self.tuned.version)
         except Exception as e:  # the tuner is advisory: a lost batch costs tuning data, never the rollout
             logging.getLogger(__name__).warning(
                 "worker %s: %d observations not reported to the tuner: %s", self.worker_id, len(obs), e
@@ -430,19 +429,19 @@ class RolloutWorker:
         if self.server is not None:
             self.server.stop()
 
-    def _replay_policy(self) -> StrategyPolicy:
+    def _replay_selector(self) -> StrategySelector:
         if self.tuned is None:
-            return FixedPolicy(self.strategy)
+            return FixedStrategy(self.strategy)
         return copy.deepcopy(self.tuned)
 
-    def _new_engine(self, drafters: dict, policy: StrategyPolicy) -> Engine:
+    def _new_engine(self, drafters: dict, selector: StrategySelector) -> Engine:
         return Engine(
             self.model,
             max_batch_size=self.max_batch_size,
             max_seq_len=self.max_seq_len,
             tokenizer=self.tokenizer,
             drafters=drafters,
-            policy=policy,
+            selector=selector,
             hidden_layers=self.hidden_layers if "learned" in drafters else (),
             hidden_sink=self.hidden_sink if "learned" in drafters else None,
         )
@@ -469,7 +468,7 @@ class RolloutWorker:
         self._sender = HiddenStateSender(address, hwm=1024, token=token)
         self._pending_hidden: dict[str, list | None] = {}  # None: a request that is not streamed
         self.hidden_sink = self._collect_hidden
-        self.engine = self._new_engine(self.drafters, self.engine.policy)
+        self.engine = self._new_engine(self.drafters, self.engine.selector)
         return True
 
     hidden_sink = None
@@ -608,10 +607,9 @@ class RolloutWorker:
             c["drafted_tokens"] += sum(s.drafted for s in steps)
             c["accepted_tokens"] += sum(s.accepted for s in steps)
             choices, reported = self._report_observations()
-            demotions = self.tuned.drain_demotions() if self.tuned is not None else 0
         self._index_history_async()
         return ShardResult(
-            self.worker_id, self.policy_version, started, finished, outs, steps, choices, reported, demotions
+            self.worker_id, self.policy_version, started, finished, outs, steps, choices, reported
         )
 
     def measure_speedup(self, requests: list[RolloutRequest], repeats: int = 1) -> dict:
@@ -634,8 +632,8 @@ class RolloutWorker:
             reqs = self._requests(requests, seed_offset=1_000_000 * (rep + 1))
             drafters = self._replay_drafters()
             for mode in ("plain", "spec") if rep % 2 == 0 else ("spec", "plain"):
-                policy = self._replay_policy() if mode == "spec" else FixedPolicy(Strategy())
-                eng = self._new_engine(drafters if mode == "spec" else {}, policy)
+                selector = self._replay_selector() if mode == "spec" else FixedStrategy(Strategy())
+                eng = self._new_engine(drafters if mode == "spec" else {}, selector)
                 t0 = time.perf_counter()
                 outs = eng.generate(reqs)
                 out[f"{mode}_seconds"] += time.perf_counter() - t0

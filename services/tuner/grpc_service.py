@@ -8,11 +8,13 @@ in-process. ``GetStatus(verbose=True)`` carries per-bucket, per-arm statistics (
 
     svc = TunerService(...); address = svc.serve(token=token) # 127.0.0.1:<free port>
     client = TunerClient(address, token)
-    client.report("0", observations)                          # dicts from TablePolicy.drain_observations()
+    client.report("0", observations)                          # dicts from StrategySelector.drain_observations()
     table = client.table()                                    # dict, as BucketedBandit.table()
 
-The dict shapes on both sides are those of ``services/tuner/bandit.py`` (``table()``, ``stats()``,
-``TablePolicy.drain_observations()``); the functions below convert them to and from the messages.
+The dict shapes on both sides are those of ``services/tuner/bandit.py`` (``table()``, ``stats()``) and
+``StrategySelector.drain_observations()``; the functions below convert them to and from the messages. The
+table's ``regret_budget`` travels in ``StrategyTable.ledger.budget``; the message's other legacy fields
+(``epsilon``, ``explore_p``, ``off_estimate``, ``free``, ``demote``) are left unset.
 """
 
 from __future__ import annotations
@@ -50,36 +52,27 @@ def table_to_pb(table: Mapping[str, Any]) -> common_pb2.StrategyTable:
             explore=list(b.get("explore", [])),
             probe=list(b.get("probe", [])),
             guarded=list(b.get("guarded", [])),
-            free=list(b.get("free", [])),
-            explore_p=[float(x) for x in b.get("explore_p", [])],
         )
         if b.get("hi") is not None:
             msg.hi = int(b["hi"])
-        if b.get("off_estimate") is not None:
-            msg.off_estimate = float(b["off_estimate"])
         buckets.append(msg)
     created = Timestamp()
     created.GetCurrentTime()
     pb = common_pb2.StrategyTable(
         version=int(table["version"]),
-        epsilon=float(table["epsilon"]),
         bucket_edges=[int(e) for e in table.get("bucket_edges", [])],
         arms=arms,
         buckets=buckets,
         created_at=created,
     )
-    if table.get("demote"):
-        pb.demote.CopyFrom(common_pb2.DemoteSettings(**table["demote"]))
-    if table.get("ledger"):
-        pb.ledger.CopyFrom(common_pb2.LedgerSettings(**table["ledger"]))
+    pb.ledger.CopyFrom(common_pb2.LedgerSettings(budget=float(table["regret_budget"])))
     return pb
 
 
 def table_from_pb(pb: common_pb2.StrategyTable) -> dict[str, Any]:
-    """``StrategyTable`` -> the ``BucketedBandit.table()`` dict that ``TablePolicy`` reads."""
+    """``StrategyTable`` -> the ``BucketedBandit.table()`` dict that ``StrategySelector`` reads."""
     return {
         "version": int(pb.version),
-        "epsilon": float(pb.epsilon),
         "bucket_edges": list(pb.bucket_edges),
         "arms": {
             a.name: {
@@ -99,22 +92,10 @@ def table_from_pb(pb: common_pb2.StrategyTable) -> dict[str, Any]:
                 "explore": list(b.explore),
                 "probe": list(b.probe),
                 "guarded": list(b.guarded),
-                "explore_p": list(b.explore_p),
-                "off_estimate": b.off_estimate if b.HasField("off_estimate") else None,
-                "free": list(b.free),
             }
             for b in pb.buckets
         ],
-        "demote": {
-            "samples": int(pb.demote.samples),
-            "z": pb.demote.z,
-            "margin": pb.demote.margin,
-            "cv_floor": pb.demote.cv_floor,
-            "stall_cap": pb.demote.stall_cap,
-        }
-        if pb.HasField("demote")
-        else None,
-        "ledger": {"budget": pb.ledger.budget, "cap": pb.ledger.cap} if pb.HasField("ledger") else None,
+        "regret_budget": float(pb.ledger.budget),
     }
 
 
@@ -185,7 +166,7 @@ MAX_OBSERVATIONS = 1_000_000  # per ReportObservations call
 
 
 def observation_to_pb(ob: Mapping[str, Any]) -> tuner_pb2.Observation:
-    """One ``TablePolicy`` observation dict -> ``Observation`` (committed tokens are whole tokens)."""
+    """One ``StrategySelector`` observation dict -> ``Observation`` (committed tokens are whole tokens)."""
     return tuner_pb2.Observation(
         batch_size=int(ob["batch_size"]),
         arm=str(ob["arm"]),
@@ -228,11 +209,10 @@ def _stats_to_pb(stats: Mapping[str, Any], verbose: bool) -> list[tuner_pb2.Buck
                 arm=name,
                 window=int(a["n"]),
                 total=int(a["total"]),
-                chosen=int(a["chosen"]),
+                chosen=int(a["total"]),
                 explored=int(a["explored"]),
                 guarded=bool(a["guarded"]),
                 strikes=int(a["strikes"]),
-                probation=int(a["probation"]),
             )
             if a.get("median") is not None:
                 arm.median = float(a["median"])
@@ -261,11 +241,9 @@ def _stats_from_pb(pb: tuner_pb2.TunerStatus) -> dict[str, Any]:
                     "total": int(a.total),
                     "median": a.median if a.HasField("median") else None,
                     "ratio": a.ratio if a.HasField("ratio") else None,
-                    "chosen": int(a.chosen),
                     "explored": int(a.explored),
                     "guarded": bool(a.guarded),
                     "strikes": int(a.strikes),
-                    "probation": int(a.probation),
                 }
                 for a in b.arms
             },
