@@ -104,6 +104,7 @@ class ControlPlane:
         self.coordinator_restarts = 0
         self.tuner: ActorPool | None = None
         self.tuner_client = None
+        self.tuner_restarts = 0
         self.rollout: ActorPool | None = None
         self.rollout_clients: list = []
         self.worker_ids: list[int] = []
@@ -316,7 +317,10 @@ class ControlPlane:
         if self.rollout is not None:
             self.rollout.call_all("close", [()] * len(self.rollout))
         if self.tuner is not None:
-            self.tuner.call(0, "close")
+            try:
+                self.tuner.call(0, "close")
+            except Exception as e:  # noqa: BLE001 - a dead tuner has nothing left to close
+                log.warning("tuner close: %s", e)
         if self.coordinator_pool is not None:
             self.coordinator_pool.call(0, "close", keep)
         for client in [self.coordinator, self.tuner_client, *self.rollout_clients, *self.spot_clients]:
@@ -518,9 +522,39 @@ class ControlPlane:
 
         return gate_table(self.tuner_client.table(), self.gated_drafters())
 
+    def restart_tuner(self, why: str) -> bool:
+        """A fresh tuner actor, resumed from its own checkpoint (``checkpoints/tuner_state.json``, written at
+        every merge), served anew and handed to the rollout actors. False (and a warning) when even that fails:
+        the run goes on, the actors keep their last table."""
+        from services.tuner.grpc_service import TunerClient
+
+        try:
+            self.tuner.respawn(0)
+            old, self.tuner_client = self.tuner_client, None
+            if old is not None:
+                old.close()
+            self.tuner_client = TunerClient(self.tuner.call(0, "serve", self.host, 0, self.token), self.token)
+            n = len(self.rollout)
+            self.rollout.call_all("connect_tuner", [(self.tuner_client.address, self.token)] * n)
+        except Exception as e:  # noqa: BLE001 - the tuner is advisory: never stop the run for it
+            log.warning("tuner restart failed (%s): %s; the rollout actors keep their last table", why, e)
+            return False
+        self.tuner_restarts += 1
+        self.log(f"tuner restarted ({why}) from its checkpoint at {self.tuner_client.address}")
+        return True
+
     def tune(self, results: list[ShardResult]) -> dict:
-        """The tuner's merged table to every rollout actor (gRPC); the row's tuner statistics."""
-        table = self.strategy_table()
+        """The tuner's merged table to every rollout actor (gRPC); the row's tuner statistics. A tuner that
+        died is restarted from its checkpoint; if that fails, the step's row says so and the actors keep their
+        last table."""
+        try:
+            table = self.strategy_table() if self.tuner_client is not None else None
+        except Exception as e:
+            if not (actor_died(e) or _unavailable(e)):
+                raise
+            table = self.strategy_table() if self.restart_tuner(type(e).__name__) else None
+        if table is None:
+            return {"tuner_unavailable": True, "tuner_restarts": self.tuner_restarts}
         self._each_rollout("table update", lambda i: self.rollout_clients[i].set_table(table))
         stats = self.tuner_client.status()
         choices: dict[str, int] = {}
@@ -531,6 +565,7 @@ class ControlPlane:
         chosen = sum(b["chosen"] for b in buckets)
         return {
             "table_version": table["version"],
+            "tuner_restarts": self.tuner_restarts,
             "gated_drafters": self.gated_drafters(),
             "observations": sum(res.observations_reported for res in results),
             "choices": choices,

@@ -80,6 +80,10 @@ class TunerService:
     def ping(self) -> int:
         return self.merged
 
+    def pid(self) -> int:
+        """This actor's process id (fault tests kill it)."""
+        return os.getpid()
+
     def serve(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> str:
         """Serve ``tailspec.v1.TunerService`` (plus health) from this process; returns ``host:port``. Every
         call must carry ``token`` (required)."""

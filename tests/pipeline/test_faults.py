@@ -3,7 +3,8 @@ re-dispatched, the step ends with exactly G responses for every prompt, none los
 on the survivors); kill the coordinator actor in the middle of a rollout (a fresh one is rebuilt from the
 workers' own reports and the step completes); SIGKILL the policy trainer's process in the middle of an update
 (a fresh trainer is restored from the newest checkpoint plus the updates since, the update is redone and the
-policy version never goes back)."""
+policy version never goes back); SIGKILL the tuner's process during a rollout (the rollout goes on, the next
+phase boundary restarts the tuner from its checkpoint and the run goes on tuning)."""
 
 import os
 import signal
@@ -206,5 +207,29 @@ def test_sigkill_policy_trainer_mid_update(tmp_path, tiny_policy_dir, ray_cluste
         assert sum(w["requests"] for w in row2["workers"]) == B * G
         row3 = driver.step(3)
         assert row3["policy_version"] == 3 and row3["trainer_restarts"] == 1
+    finally:
+        driver._stop_services()
+
+
+def test_sigkill_tuner_mid_rollout(tmp_path, tiny_policy_dir, ray_cluster):
+    driver = RLDriver(
+        _config(tiny_policy_dir, "tuner.enabled=true", "rollout.max_new_tokens=96"), run_dir=tmp_path / "run"
+    )
+    driver._start_services()
+    try:
+        row1 = driver.step(1)
+        merged = driver.plane.tuner.call(0, "ping")
+        assert merged > 0  # step 1's observations are in its checkpoint
+        pid = driver.plane.tuner.call(0, "pid")
+        killed = _kill_after_submit(
+            driver.plane.rollout, 0, "rollout", 0.05, lambda _: os.kill(pid, signal.SIGKILL)
+        )
+        row2 = driver.step(2)
+        assert killed and killed[0] > 0
+        assert row2["tuner"]["tuner_restarts"] == 1 and driver.plane.tuner.call(0, "pid") != pid
+        assert driver.plane.tuner.call(0, "ping") >= merged  # resumed its checkpoint, not a cold table
+        assert row2["tuner"]["table_version"] >= row1["tuner"]["table_version"]
+        assert sum(w["requests"] for w in row2["workers"]) == B * G
+        assert row2["policy_version"] == row1["policy_version"] + 1
     finally:
         driver._stop_services()
