@@ -183,8 +183,11 @@ def test_empty_draft_when_nothing_matches():
     )
     assert [len(t) for t in trees] == [0, 0, 0]
     assert all(t.score == 0.0 for t in trees)
-    # a single matched token is below min_match_len=2
-    assert len(d.propose([req("u", "p", [5, 1000])], [8])[0]) == 0
+    # a single matched token drafts by default (min_match_len=1: floor(1.0 * 1) = 1 token), not below a minimum of 2
+    assert d.propose([req("u", "p", [5, 1000])], [8])[0].tokens == [1001]
+    e = SuffixTreeDrafter(min_match_len=2)
+    e.finish_request("x", "p", unique(1000, 30))
+    assert len(e.propose([req("u", "p", [5, 1000])], [8])[0]) == 0
     assert len(SuffixTreeDrafter(min_match_len=1).propose([req("u", "q", [5, 1000])], [8])[0]) == 0  # fresh
 
 
@@ -253,7 +256,7 @@ def test_sibling_finishing_mid_request_extends_the_match():
     assert tree.tokens == unique(80, 8)  # match of 13 tokens through the new sibling
 
 
-def test_longer_match_is_more_specific_and_budget_changes_the_cap():
+def test_longer_match_is_more_specific_than_the_shared_middle():
     d = SuffixTreeDrafter(max_depth=16, global_capacity=0)
     mid = unique(1, 8)
     a, b, c = unique(100, 8), unique(200, 8), unique(300, 8)
@@ -261,10 +264,12 @@ def test_longer_match_is_more_specific_and_budget_changes_the_cap():
     d.finish_request("s2", "p", b + mid + [60])
     d.finish_request("s3", "p", c + mid + [60])
     ctx = a + mid
-    (tree,) = d.propose([req("r", "p", ctx)], [8])  # cap 8: match = mid, next token 60 (2 of 3)
-    assert tree.tokens == [60] and tree.score == pytest.approx(2 / 3)
-    (tree,) = d.propose([req("r", "p", ctx)], [2])  # cap 14: match includes a's tail, next token 50
-    assert tree.tokens == [50] and tree.score == pytest.approx(1.0)
+    for budget in (8, 2):  # a chain's match is not capped by the room below it (it re-anchors at the depth)
+        (tree,) = d.propose([req("r", "p", ctx)], [budget])  # match includes a's tail: next token 50
+        assert tree.tokens == [50] and tree.score == pytest.approx(1.0)
+    # a tree needs room below its match: budget 8 caps the match at 8 = mid, whose next token is 60 (2 of 3)
+    (tree,) = d.propose([req("r", "p", ctx)], [8], width=2)
+    assert tree.tokens[0] == 60 and tree.score == pytest.approx(2 / 3 + 1 / 3)
 
 
 # ---------------------------------------------------------------------------------------------- sizing
@@ -296,7 +301,9 @@ def test_chain_depth_and_cap_leave_room_in_the_trie():
     d.finish_request("x", "p", resp)
     ctx = resp[:40]  # matches far longer than the trie depth
     (tree,) = d.propose([req("r", "p", ctx)], [8])
-    assert tree.tokens == resp[40:48]  # cap = 8: an 8-token match leaves 8 levels for the draft
+    assert tree.tokens == resp[40:48]  # a 15-token match, 1 level left: the chain re-anchors on 8 tokens
+    (tree,) = d.propose([req("r", "p", ctx)], [8], width=2)
+    assert tree.tokens == resp[40:48]  # a tree's match is capped at 8, leaving 8 levels
     (tree,) = d.propose([req("r", "p", ctx)], [8], depth=3)
     assert tree.tokens == resp[40:43]
 
@@ -328,14 +335,14 @@ def test_problem_capacity_is_fifo():
     assert d.stats()["problem_tokens"] == 40
 
 
-def test_global_fifo_eviction_by_tokens():
-    d = SuffixTreeDrafter(global_capacity=100, problem_capacity=0, use_request=False)
+def test_global_fifo_eviction_by_responses():
+    d = SuffixTreeDrafter(global_capacity=2, problem_capacity=0, use_request=False)
     a, b, c = unique(1000, 40), unique(2000, 40), unique(3000, 40)
     d.finish_request("a", "pa", a)
     d.finish_request("b", "pb", b)
     d.flush()
     assert d.propose([req("r", "z", a[:5])], [4])[0].tokens == a[5:9]
-    d.finish_request("c", "pc", c)  # 120 tokens > 100: a (the oldest) goes (stats() flushes)
+    d.finish_request("c", "pc", c)  # 3 responses > 2: a (the oldest) goes (stats() flushes)
     s = d.stats()
     assert s["global_tokens"] == 80 and s["global_responses"] == 2
     assert d.propose([req("r", "z", a[:5])], [4])[0].tokens == []
@@ -371,7 +378,12 @@ def test_drafts_are_well_formed_continuations_that_occur_in_history(
     assert_tree_ok(tree, budget, width, depth)
     anchor = ctx[len(ctx) - min_match :]
     for path in paths(tree):
-        assert any(occurs(anchor + path, s) for s in corpus), (anchor, path)
+        if width > 1:  # a tree path continues its match in one occurrence
+            assert any(occurs(anchor + path, s) for s in corpus), (anchor, path)
+        # a chain may re-anchor at the trie depth: each token follows its min_match predecessors somewhere
+        full = ctx + path
+        for i in range(len(ctx), len(full)):
+            assert any(occurs(full[i - min_match : i + 1], s) for s in corpus), (full, i)
 
 
 @FAST
@@ -381,7 +393,7 @@ def test_drafts_are_well_formed_continuations_that_occur_in_history(
 def test_incremental_state_gives_the_same_drafts_as_a_fresh_drafter(script):
     """Match hints, request tries built by observe(), and checkpoints must not change any draft."""
     rng = random.Random(len(script))
-    d = SuffixTreeDrafter(max_depth=10, window_steps=2, global_capacity=60, problem_capacity=3)
+    d = SuffixTreeDrafter(max_depth=10, window_steps=2, global_capacity=4, problem_capacity=3, index_budget=5)
     running: dict[str, list[int]] = {}
     step, nid = 0, 0
     for op, toks in script:
@@ -403,7 +415,7 @@ def test_incremental_state_gives_the_same_drafts_as_a_fresh_drafter(script):
             reqs = [req(rid, f"p{int(rid[1:]) % 2}", ids) for rid, ids in running.items()]
             budgets = [rng.randrange(0, 9) for _ in reqs]
             width = 1 + op % 2
-            fresh = SuffixTreeDrafter(max_depth=10, window_steps=2, global_capacity=60, problem_capacity=3)
+            fresh = SuffixTreeDrafter(max_depth=10, window_steps=2, global_capacity=4, problem_capacity=3)
             fresh.load_state_dict(pickle.loads(pickle.dumps(d.state_dict())))
             got = d.propose(reqs, budgets, width)
             want = fresh.propose(reqs, budgets, width)
@@ -433,7 +445,7 @@ def test_observe_and_lazy_sync_agree():
 
 def test_state_dict_round_trip_is_plain_and_exact():
     rng = random.Random(1)
-    cfg = dict(max_depth=16, window_steps=3, global_capacity=500, problem_capacity=4)
+    cfg = dict(max_depth=16, window_steps=3, global_capacity=8, problem_capacity=4)
     d = SuffixTreeDrafter(**cfg)
     for step in range(5):
         d.new_step(step)
@@ -511,4 +523,6 @@ def test_request_trie_is_built_at_first_propose_not_at_start():
     resp = unique(1000, 12)
     d.finish_request("r1", "p", resp)  # never drafted
     (tree,) = d.propose([req("r2", "p", prompt, len(prompt))], [5])
-    assert tree.tokens == resp[:4]  # match 4 + draft 4 = D: the stored response began with the prompt tail
+    assert (
+        tree.tokens == resp[:5]
+    )  # the stored response began with the prompt tail (7-token match, re-anchored)
