@@ -526,3 +526,150 @@ def test_request_trie_is_built_at_first_propose_not_at_start():
     assert (
         tree.tokens == resp[:5]
     )  # the stored response began with the prompt tail (7-token match, re-anchored)
+
+
+# ---------------------------------------------------------------------------------------------- match choice
+def test_one_token_match_drafts():
+    d = SuffixTreeDrafter(global_capacity=0, use_request=False)
+    d.finish_request("s", "p", [5, 6, 7, 8])
+    (tree,) = d.propose([req("r", "p", [40, 41, 7])], [8])  # only "7" matches: floor(1.0 * 1) = 1 token
+    assert tree.tokens == [8] and tree.score == pytest.approx(1.0)
+    (tree,) = SuffixTreeDrafter(global_capacity=0, use_request=False, beta=2.0).propose(
+        [req("r", "p", [40, 41, 7])], [8]
+    )
+    assert tree.tokens == []  # a fresh drafter has no history
+    e = SuffixTreeDrafter(global_capacity=0, use_request=False, beta=2.0)
+    e.finish_request("s", "p", [5, 6, 7, 8])
+    assert e.propose([req("r", "p", [40, 41, 7])], [8])[0].tokens == [
+        8
+    ]  # floor(1 + 2) = 3, the sequence ends
+
+
+def test_best_score_over_match_lengths_can_choose_a_shorter_match():
+    d = SuffixTreeDrafter(global_capacity=0, use_request=False)
+    for i, s in enumerate([[9, 1, 2, 50], [9, 1, 2, 60]] + [[1, 2, 70, 71]] * 3):
+        d.finish_request(f"s{i}", "p", s)
+    # longest match "9 1 2" (2 occurrences): 50 or 60, score 1/2; "1 2" (5 occurrences): 70 71 at 3/5 each
+    (tree,) = d.propose([req("r", "p", [8, 9, 1, 2])], [8])
+    assert tree.tokens == [70, 71] and tree.score == pytest.approx(1.2)
+    # without the shorter candidates' advantage (a single 70 71 sibling), the longest match wins
+    e = SuffixTreeDrafter(global_capacity=0, use_request=False)
+    for i, s in enumerate([[9, 1, 2, 50], [9, 1, 2, 60], [1, 2, 70, 71]]):
+        e.finish_request(f"s{i}", "p", s)
+    (tree,) = e.propose([req("r", "p", [8, 9, 1, 2])], [8])
+    assert tree.tokens == [50] and tree.score == pytest.approx(0.5)
+
+
+def test_chain_budget_up_to_and_past_max_depth_is_used():
+    d = SuffixTreeDrafter(global_capacity=0)  # max_depth 32
+    resp = unique(1000, 200)
+    d.finish_request("s", "p", resp)
+    ctx = [7] + resp[:40]
+    t8, t16, t32, t48 = (d.propose([req("r", "p", ctx)], [k])[0] for k in (8, 16, 32, 48))
+    assert t8.tokens == resp[40:48] and t16.tokens == resp[40:56]
+    # longer than K=16's: a 31-token match (L <= D - 1) allows floor(alpha * 31) = 31 tokens, re-anchored at D
+    assert t32.tokens == resp[40:71] and t32.score == pytest.approx(31.0)
+    assert t48.tokens == resp[40:71]
+    assert len(SuffixTreeDrafter(global_capacity=0, beta=40.0).propose([req("r", "p", ctx)], [48])[0]) == 0
+    e = SuffixTreeDrafter(global_capacity=0, beta=40.0)
+    e.finish_request("s", "p", resp)
+    assert e.propose([req("r", "p", ctx)], [48])[0].tokens == resp[40:88]
+
+
+def test_global_capacity_counts_responses_not_tokens():
+    d = SuffixTreeDrafter(global_capacity=2, problem_capacity=0, use_request=False)
+    big, a, b = unique(10_000, 3000), unique(1000, 5), unique(2000, 5)
+    d.finish_request("x", "p0", big)
+    d.finish_request("y", "p1", a)
+    d.flush()
+    assert d.stats()["global_responses"] == 2 and d.stats()["global_tokens"] == 3005  # 3005 tokens stay
+    d.finish_request("z", "p2", b)
+    s = d.stats()
+    assert s["global_responses"] == 2 and s["global_tokens"] == 10
+    assert d.propose([req("r", "q", big[:5])], [4])[0].tokens == []
+    assert d.propose([req("r2", "q", a[:2])], [2])[0].tokens == a[2:4]
+
+
+# ---------------------------------------------------------------------------------------------- bounded indexing
+def test_long_sibling_is_indexed_a_bounded_number_of_suffixes_per_propose():
+    budget = 64
+    resp = [7 + (i * 7919) % 50_000 for i in range(1000)]  # distinct tokens
+    d = SuffixTreeDrafter(index_budget=budget, global_capacity=0)
+    eager = SuffixTreeDrafter(global_capacity=0)
+    for x in (d, eager):
+        x.start_request("s", "p", [1, 2, 3])
+        x.finish_request("s", "p", resp)  # stored with the prompt tail [1, 2, 3]: 1003 suffixes
+    eager.flush()
+    ctx = [1, 2, 3] + resp[:2]
+    works, drafts = [], []
+    for _ in range(30):
+        tree, _ = d.propose([req("r", "p", ctx, 3), req("r2", "p", ctx, 3)], [8, 8])
+        works.append(d.last_index_work)
+        drafts.append(tree.tokens)
+        if not works[-1]:
+            break
+    assert max(works) == budget and works[-1] == 0  # per propose call, over all its requests
+    assert sum(works) == 1003 and len(works) == 1003 // budget + 2
+    assert drafts[0] == resp[2:7]  # the beginning is indexed first: a 5-token match, floor(1.0 * 5) tokens
+    assert d.propose([req("r", "p", ctx + resp[2:400])], [8])[0].tokens == resp[400:408]
+    want = eager.propose([req("q", "p", ctx + resp[2:900])], [8])[0]
+    got = d.propose([req("q", "p", ctx + resp[2:900])], [8])[0]
+    assert (got.tokens, got.score) == (want.tokens, want.score) and got.tokens == resp[900:908]
+    # a budget-0 request (speculation off) does no indexing; a short sibling is whole at the next propose
+    d.finish_request("t", "p", unique(100_000, 10))
+    d.propose([req("r", "p", ctx)], [0])
+    assert d.last_index_work == 0
+    assert d.propose([req("r", "p", [100_003, 100_004])], [2])[0].tokens == unique(100_005, 2)
+    assert d.last_index_work == 10
+
+
+@FAST
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(0, 5), max_size=12)), min_size=1, max_size=25),
+    st.integers(1, 6),
+)
+def test_partial_indexing_and_match_hints_never_change_a_draft(script, index_budget):
+    """Two drafters get the same calls (so queued siblings are indexed alike); the twin proposes under a new
+    request id every time (no match hints, request trie rebuilt), and a third drafter restored from a
+    checkpoint of the first (fully indexed) must agree after both flush."""
+    cfg = dict(max_depth=8, global_capacity=3, problem_capacity=2, index_budget=index_budget)
+    d, twin = SuffixTreeDrafter(**cfg), SuffixTreeDrafter(**cfg)
+    ctx: list[int] = []
+    n = 0
+    for op, toks in script:
+        if op == 0:
+            for x in (d, twin):
+                x.finish_request(f"s{n}", "p", toks)
+            n += 1
+        elif op == 1:
+            for x in (d, twin):
+                x.finish_request(f"s{n}", "q", toks)
+                x.flush()
+            n += 1
+        else:
+            ctx = ctx + toks
+            n += 1
+            got = d.propose([req("r", "p", ctx)], [op * 3])[0]
+            want = twin.propose([req(f"t{n}", "p", ctx)], [op * 3])[0]
+            assert (got.tokens, round(got.score, 9)) == (want.tokens, round(want.score, 9))
+            assert d.last_index_work == twin.last_index_work <= index_budget
+
+
+@FAST
+@given(st.integers(2, 7), st.lists(seq_st, min_size=1, max_size=5), st.data())
+def test_trie_ranges_of_suffixes_compose(depth, seqs, data):
+    """Indexing a sequence in consecutive ranges of suffix starts equals indexing it at once; removal too."""
+    t = SuffixTrie(depth)
+    seqs = [s for s in seqs if s]
+    for s in seqs:
+        cut = data.draw(st.integers(0, len(s)))
+        t.insert(s, 0, cut)
+        t.insert(s, cut)
+    assert trie_counts(t) == brute_counts(seqs, depth) and t.num_seqs == len(seqs)
+    if not seqs:
+        return
+    s = seqs[0]
+    cut = data.draw(st.integers(0, len(s)))
+    t.remove(s, cut)
+    t.remove(s, 0, cut)
+    assert trie_counts(t) == brute_counts(seqs[1:], depth) and t.num_tokens == sum(map(len, seqs[1:]))

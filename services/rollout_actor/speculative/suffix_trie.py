@@ -354,7 +354,7 @@ class SuffixTrie:
     def insert(self, s: list[int], start: int = 0, stop: int | None = None) -> None:
         """Add the suffixes of ``s`` starting at ``start <= i < stop`` (default: all of them; the trie keeps a
         reference to ``s``: do not mutate it later). Indexing a sequence in several calls over consecutive
-        ranges equals one call; ``num_seqs`` counts a sequence from its range starting at 0."""
+        ranges equals one call; ``num_seqs`` counts a sequence when its last suffix is in."""
         root, depth = self.root, self.depth
         m = len(s)
         stop = m if stop is None else min(stop, m)
@@ -397,7 +397,7 @@ class SuffixTrie:
                 node = child
         self.version = next(_VERSIONS)
         self.num_tokens += max(0, stop - start)
-        self.num_seqs += start == 0
+        self.num_seqs += stop == m and (start < stop or m == 0)
         log = self.log
         try:  # the tokens the new suffixes cover
             log.append((self.version, array("i", s[start : stop - 1 + depth]).tobytes()))
@@ -433,7 +433,7 @@ class SuffixTrie:
                 node = child
         self.version = next(_VERSIONS)
         self.num_tokens -= max(0, stop - start)
-        self.num_seqs -= start == 0
+        self.num_seqs -= stop == m and (start < stop or m == 0)
 
     def count(self, tokens: list[int]) -> int:
         """Occurrences of ``tokens`` (``len <= depth``) in the indexed sequences."""
