@@ -12,7 +12,8 @@ t the drafter gets the request's context (prompt + response[:t]) and proposes a 
 accepted length is the longest prefix of the draft equal to response[t:t+K]; the request then advances by
 accepted + 1 tokens (the verify step's accepted tokens plus the target's own token), which the drafter observes.
 tau = response tokens / verify steps, pooled over all responses (also given: the mean of per-response tau, the
-mean draft length and the share of steps with a draft). No model runs: greedy exact-match acceptance is what a
+mean draft length, accepted / drafted tokens, the share of steps with a draft, and the process CPU time per
+``propose`` call, the request's first call, which builds its trie over the prompt, included). No model runs: greedy exact-match acceptance is what a
 lossless verifier accepts when the target's sampled continuation is the recorded one.
 
 History, leave-one-problem-out (the global cache is FIFO, sized in responses: (P - 1) x G):
@@ -28,7 +29,11 @@ History, leave-one-problem-out (the global cache is FIFO, sized in responses: (P
 Siblings' indexing is completed (``flush``) before each replay, so drafts see every sibling whole.
 
 Prompt: ``system + "\\n\\n" + question + "\\n\\n"``, tokenized with ``--tokenizer`` (default: the embedded
-policy's BPE, label ``tiny``). Writes ``benchmarks/results/suffix_offline.{json,md}`` (``--out`` stem).
+policy's BPE, label ``tiny``). Writes ``benchmarks/results/suffix_offline.{json,md}`` (``--out`` stem); with
+``--before`` an earlier run's JSON, the markdown adds a before/after table. ``suffix_offline_before.json`` is
+the drafter before the changes of issue #28 item 5 (commit 9880790: longest match only, ``min_match_len = 2``,
+chain match capped by the room below it, global capacity 65,536 tokens), run with this protocol through a
+thin adapter (its global cache capped at the same number of responses).
 """
 
 from __future__ import annotations
@@ -77,9 +82,9 @@ def replay(d: SuffixTreeDrafter, rid: str, pid: str, prompt: list[int], resp: li
     t_prop = 0.0
     n = len(resp)
     while pos < n:
-        t = time.perf_counter()
+        t = time.process_time()  # CPU time: the machine may be shared
         (tree,) = d.propose([DraftRequest(rid, pid, ctx, len(prompt))], [k])
-        t_prop += time.perf_counter() - t
+        t_prop += time.process_time() - t
         draft = tree.tokens
         acc = 0
         for x in draft:
@@ -145,13 +150,13 @@ def run_setting(problems, setting: str, k: int, drafter_args: dict) -> dict:
         "responses": len(rows),
         "tokens": tokens,
         "verify_steps": steps,
-        "propose_us_per_call": 1e6 * sum(x["propose_s"] for x in rows) / steps,
+        "propose_cpu_us_per_call": 1e6 * sum(x["propose_s"] for x in rows) / steps,
         "wall_s": time.perf_counter() - t0,
         "tries_after_first_problem": stats,
     }
 
 
-def to_markdown(result: dict) -> str:
+def to_markdown(result: dict, before: dict | None = None) -> str:
     p = result["params"]
     lines = [
         "## Suffix drafter, offline tau (`python -m benchmarks.suffix_offline`)",
@@ -164,16 +169,34 @@ def to_markdown(result: dict) -> str:
         f"`{json.dumps(result['drafter_config'])}`.",
         "",
         "| setting | K | tau | tau (mean per response) | draft len / step | accepted / drafted | steps with a draft "
-        "| propose us / call |",
+        "| propose CPU us / call |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["results"]:
         lines.append(
             f"| {r['setting']} | {r['k']} | {r['tau']:.2f} | {r['tau_mean_per_response']:.2f} | "
             f"{r['mean_draft_len']:.2f} | {r['accepted_per_drafted']:.0%} | {r['steps_with_draft']:.0%} | "
-            f"{r['propose_us_per_call']:.0f} |"
+            f"{r['propose_cpu_us_per_call']:.0f} |"
         )
     lines.append("")
+    if before is not None:
+        old = {(r["setting"], r["k"]): r for r in before["results"]}
+        lines += [
+            f"Before vs after (before: {before.get('label', 'an earlier run')}; drafter config "
+            f"`{json.dumps(before['drafter_config'])}`; same protocol and tokenizer "
+            f"`{before['params']['tokenizer_label']}`):",
+            "",
+            "| setting | K | tau before | tau after | after / before | draft len / step before | after |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in result["results"]:
+            b = old.get((r["setting"], r["k"]))
+            if b is not None:
+                lines.append(
+                    f"| {r['setting']} | {r['k']} | {b['tau']:.2f} | {r['tau']:.2f} | {r['tau'] / b['tau']:.3f} | "
+                    f"{b['mean_draft_len']:.2f} | {r['mean_draft_len']:.2f} |"
+                )
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -187,6 +210,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--limit-problems", type=int, default=0, help="first N problems only (0: all)")
     ap.add_argument("--drafter-args", default="{}", help="JSON kwargs for SuffixTreeDrafter (tuning)")
     ap.add_argument("--out", type=Path, default=OUT, help="output stem (.json and .md are written)")
+    ap.add_argument(
+        "--before", type=Path, default=None, help="an earlier run's JSON: the markdown compares tau with it"
+    )
     args = ap.parse_args(argv)
     problems = load_problems(args.data, args.tokenizer, args.limit_problems)
     drafter_args = json.loads(args.drafter_args)
@@ -196,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
             r = run_setting(problems, setting, k, drafter_args)
             print(
                 f"{setting:9s} K={k:2d} tau={r['tau']:.3f} draft/step={r['mean_draft_len']:.2f} "
-                f"propose={r['propose_us_per_call']:.0f}us wall={r['wall_s']:.1f}s",
+                f"propose={r['propose_cpu_us_per_call']:.0f}us wall={r['wall_s']:.1f}s",
                 flush=True,
             )
             results.append(r)
@@ -213,12 +239,19 @@ def main(argv: list[str] | None = None) -> None:
             "tokens": sum(len(r) for _, _, rs in problems for r in rs),
             "prompt_tokens_mean": statistics.fmean(len(p) for _, p, _ in problems),
         },
-        "drafter_config": {k: v for k, v in cfg.items() if k not in ("problem_capacity", "global_capacity")},
+        "drafter_config": {
+            k: v for k, v in cfg.items() if k not in ("problem_capacity", "global_capacity", "window_steps")
+        },
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(to_markdown(result))
+    before = json.loads(args.before.read_text()) if args.before else None
+    if before is not None:
+        result["before"] = str(
+            args.before.relative_to(REPO) if args.before.is_relative_to(REPO) else args.before
+        )
+    args.out.with_suffix(".md").write_text(to_markdown(result, before))
     print(f"wrote {args.out}.json/.md")
 
 

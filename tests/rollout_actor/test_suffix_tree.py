@@ -171,7 +171,7 @@ def test_global_source_serves_other_problems_and_request_source_its_own_repeats(
     e = SuffixTreeDrafter()
     ctx = [5, 6, 7, 8, 9, 1, 2, 3, 5, 6, 7]
     (tree,) = e.propose([req("s", "z", ctx)], [8])
-    assert tree.tokens == [8, 9, 1]  # match "5 6 7" (L=3) -> floor(1.0 * 3 + 0) = 3 tokens
+    assert tree.tokens == [8, 9, 1, 2]  # match "5 6 7" (L=3) -> floor(1.0 * 3 + 1.0) = 4 tokens
 
 
 def test_empty_draft_when_nothing_matches():
@@ -183,8 +183,9 @@ def test_empty_draft_when_nothing_matches():
     )
     assert [len(t) for t in trees] == [0, 0, 0]
     assert all(t.score == 0.0 for t in trees)
-    # a single matched token drafts by default (min_match_len=1: floor(1.0 * 1) = 1 token), not below a minimum of 2
-    assert d.propose([req("u", "p", [5, 1000])], [8])[0].tokens == [1001]
+    # a single matched token drafts by default (min_match_len=1: floor(1.0 * 1 + 1.0) = 2 tokens), not below a
+    # minimum of 2
+    assert d.propose([req("u", "p", [5, 1000])], [8])[0].tokens == [1001, 1002]
     e = SuffixTreeDrafter(min_match_len=2)
     e.finish_request("x", "p", unique(1000, 30))
     assert len(e.propose([req("u", "p", [5, 1000])], [8])[0]) == 0
@@ -249,7 +250,7 @@ def test_sibling_finishing_mid_request_extends_the_match():
     d.start_request("r", "p", x)
     d.observe("r", [1, 2])
     (tree,) = d.propose([req("r", "p", x + [1, 2], 10)], [8])
-    assert tree.tokens == [70, 71]  # match "1 2": 2 tokens
+    assert tree.tokens == [70, 71, 72]  # match "1 2": 3 tokens
     d.finish_request("s2", "p", x + [1, 2, 3] + unique(80, 10))
     d.observe("r", [3])
     (tree,) = d.propose([req("r", "p", x + [1, 2, 3], 10)], [8])
@@ -530,19 +531,16 @@ def test_request_trie_is_built_at_first_propose_not_at_start():
 
 # ---------------------------------------------------------------------------------------------- match choice
 def test_one_token_match_drafts():
-    d = SuffixTreeDrafter(global_capacity=0, use_request=False)
-    d.finish_request("s", "p", [5, 6, 7, 8])
-    (tree,) = d.propose([req("r", "p", [40, 41, 7])], [8])  # only "7" matches: floor(1.0 * 1) = 1 token
-    assert tree.tokens == [8] and tree.score == pytest.approx(1.0)
-    (tree,) = SuffixTreeDrafter(global_capacity=0, use_request=False, beta=2.0).propose(
-        [req("r", "p", [40, 41, 7])], [8]
-    )
-    assert tree.tokens == []  # a fresh drafter has no history
-    e = SuffixTreeDrafter(global_capacity=0, use_request=False, beta=2.0)
-    e.finish_request("s", "p", [5, 6, 7, 8])
-    assert e.propose([req("r", "p", [40, 41, 7])], [8])[0].tokens == [
-        8
-    ]  # floor(1 + 2) = 3, the sequence ends
+    def build(**kw) -> SuffixTreeDrafter:
+        d = SuffixTreeDrafter(global_capacity=0, use_request=False, **kw)
+        d.finish_request("s", "p", [5, 6, 7, 8, 9, 10, 11])
+        return d
+
+    ctx = [40, 41, 7]  # only "7" matches
+    (tree,) = build().propose([req("r", "p", ctx)], [8])  # floor(1.0 * 1 + 1.0) = 2 tokens
+    assert tree.tokens == [8, 9] and tree.score == pytest.approx(2.0)
+    assert build(beta=0.0).propose([req("r", "p", ctx)], [8])[0].tokens == [8]
+    assert build(min_match_len=2).propose([req("r", "p", ctx)], [8])[0].tokens == []
 
 
 def test_best_score_over_match_lengths_can_choose_a_shorter_match():
@@ -567,9 +565,9 @@ def test_chain_budget_up_to_and_past_max_depth_is_used():
     ctx = [7] + resp[:40]
     t8, t16, t32, t48 = (d.propose([req("r", "p", ctx)], [k])[0] for k in (8, 16, 32, 48))
     assert t8.tokens == resp[40:48] and t16.tokens == resp[40:56]
-    # longer than K=16's: a 31-token match (L <= D - 1) allows floor(alpha * 31) = 31 tokens, re-anchored at D
-    assert t32.tokens == resp[40:71] and t32.score == pytest.approx(31.0)
-    assert t48.tokens == resp[40:71]
+    # longer than K=16's: a 31-token match (L <= D - 1) allows floor(1.0 * 31 + 1.0) = 32 tokens, re-anchored at D
+    assert t32.tokens == resp[40:72] and t32.score == pytest.approx(32.0)
+    assert t48.tokens == resp[40:72]
     assert len(SuffixTreeDrafter(global_capacity=0, beta=40.0).propose([req("r", "p", ctx)], [48])[0]) == 0
     e = SuffixTreeDrafter(global_capacity=0, beta=40.0)
     e.finish_request("s", "p", resp)
@@ -610,7 +608,9 @@ def test_long_sibling_is_indexed_a_bounded_number_of_suffixes_per_propose():
             break
     assert max(works) == budget and works[-1] == 0  # per propose call, over all its requests
     assert sum(works) == 1003 and len(works) == 1003 // budget + 2
-    assert drafts[0] == resp[2:7]  # the beginning is indexed first: a 5-token match, floor(1.0 * 5) tokens
+    assert (
+        drafts[0] == resp[2:8]
+    )  # the beginning is indexed first: a 5-token match, floor(1.0 * 5 + 1.0) tokens
     assert d.propose([req("r", "p", ctx + resp[2:400])], [8])[0].tokens == resp[400:408]
     want = eager.propose([req("q", "p", ctx + resp[2:900])], [8])[0]
     got = d.propose([req("q", "p", ctx + resp[2:900])], [8])[0]

@@ -71,14 +71,20 @@ Propose (per request; ``max_tokens[i]`` = budget b)
    request, global); a source that cannot beat the best so far is skipped. ``DraftTree.score`` is the
    winner's score (``hybrid`` compares it with a threshold).
 
-Defaults (tuned with ``python -m benchmarks.suffix_offline``, results in
-``benchmarks/results/suffix_offline.md``): see ``SuffixTreeDrafter``; ``window_steps = 4``,
-``problem_capacity = 64`` responses, ``global_capacity = 512`` responses, ``index_budget = 256`` suffixes.
+Defaults, tuned with ``python -m benchmarks.suffix_offline`` (SuffixDecoding's offline protocol on 400 real
+MATH rollouts; ``benchmarks/results/suffix_offline.md``): ``alpha = 1.0, min_token_prob = 0.1`` as
+ArcticInference/vLLM, ``beta = 1.0`` (a 1-token match drafts 2 tokens: cold-problem tau +4% with a 32k BPE,
+reaching 1.92 at K = 16, for ~30% more drafted tokens; alpha 2, beta 2 or both add 2-4.5% more tau for
+22-78% more drafted tokens, accepted/drafted falling from 0.25 to 0.22-0.15), ``min_match_len = 1``,
+``max_depth = 32`` (64 changes tau by < 1%); min_token_prob 0.05-0.2 changes tau by < 0.5%. ``window_steps = 4``,
+``problem_capacity = 64`` responses, ``global_capacity = 512`` responses (a GRPO rollout or two; the token
+count per response varies 10x), ``index_budget = 256`` suffixes (< 1 ms of indexing per ``propose``:
+``python -m benchmarks.suffix_sibling_stall``).
 
-Cost and memory (``python -m benchmarks.drafter_propose_cost``, results in
-``benchmarks/results/drafter_propose_cost.json``): tens of us per request per ``propose`` with ~300-token
-contexts on a loaded 2-core EPYC; ``observe`` ~4 us per token; indexing ~2.5 us per suffix. Each indexed
-token costs ~1.5 trie nodes of ~150 B (Python objects, which the cyclic GC also scans).
+Cost and memory (``python -m benchmarks.drafter_propose_cost``): ~35 us of CPU per request per ``propose``
+with ~300-token contexts on a loaded 2-core EPYC (1.3x the longest-match-only drafter: the shorter
+candidates and re-anchoring); ``observe`` ~4 us per token; indexing ~1-2 us per suffix. Each indexed token
+costs ~1.5 trie nodes of ~150 B (Python objects, which the cyclic GC also scans).
 
 ``state_dict()`` is plain data (every stored response with its step and membership, oldest first, and the
 running requests' tokens; it indexes the queues first); ``load_state_dict`` rebuilds the tries, so drafts
@@ -159,7 +165,7 @@ class SuffixTreeDrafter(Drafter):
         window_steps: int = 4,
         global_capacity: int = 512,
         alpha: float = 1.0,
-        beta: float = 0.0,
+        beta: float = 1.0,
         min_match_len: int = 1,
         min_token_prob: float = 0.1,
         problem_capacity: int = 64,
