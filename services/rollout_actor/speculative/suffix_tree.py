@@ -81,10 +81,11 @@ reaching 1.92 at K = 16, for ~30% more drafted tokens; alpha 2, beta 2 or both a
 count per response varies 10x), ``index_budget = 256`` suffixes (< 1 ms of indexing per ``propose``:
 ``python -m benchmarks.suffix_sibling_stall``).
 
-Cost and memory (``python -m benchmarks.drafter_propose_cost``): ~35 us of CPU per request per ``propose``
+Cost and memory (``python -m benchmarks.drafter_propose_cost``): ~30 us of CPU per request per ``propose``
 with ~300-token contexts on a loaded 2-core EPYC (1.3x the longest-match-only drafter: the shorter
 candidates and re-anchoring); ``observe`` ~4 us per token; indexing ~1-2 us per suffix. Each indexed token
-costs ~1.5 trie nodes of ~150 B (Python objects, which the cyclic GC also scans).
+costs ~1.5 trie nodes of ~150 B (Python objects, which the cyclic GC also scans; the rollout worker freezes
+them out of the GC during a rollout).
 
 ``state_dict()`` is plain data (every stored response with its step and membership, oldest first, and the
 running requests' tokens; it indexes the queues first); ``load_state_dict`` rebuilds the tries, so drafts
@@ -462,6 +463,8 @@ class SuffixTreeDrafter(Drafter):
                         tree = _tree(node, q, k, width, levels, min_p)
                         if tree.score > best_score:
                             best, best_score = tree, tree.score
+                    if best_score >= kmax:  # no draft can score more
+                        break
                     need = self._min_match_beating(best_score) if best is not None else lo
                     if L - 1 < need:
                         break
