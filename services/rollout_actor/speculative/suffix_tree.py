@@ -395,10 +395,8 @@ class SuffixTreeDrafter(Drafter):
         use_request = self.use_request
         sizes = self._sizes
         index_left = self.index_budget
-        for req, budget in zip(requests, max_tokens):
-            if (
-                budget > 0 and index_left > 0 and req.problem_id in self._pending_problem
-            ):  # siblings finished since
+        for req, budget in zip(requests, max_tokens):  # siblings finished since: a bounded share of them
+            if budget > 0 and index_left > 0 and req.problem_id in self._pending_problem:
                 index_left -= self._index_pending(req.problem_id, index_left)
         self.last_index_work = self.index_budget - index_left
         glob = self._global if self._global.num_seqs else None
