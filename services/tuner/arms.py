@@ -189,14 +189,17 @@ OFF = Arm(Drafter.OFF)
 
 
 def default_arms() -> list[Arm]:
-    """The shipped strategy space: ``off``, cheap n-gram chains, suffix chains of depth 4..12, learned chains
-    of depth 2..6, two tree shapes, and hybrid chains. Ten arms keep per-bucket exploration affordable."""
+    """The shipped strategy space: ``off``, cheap n-gram chains, suffix chains of depth 4..32 (a GRPO group's
+    siblings make long drafts pay in the long tail: tau ~6 at k = 16 on real reasoning rollouts), learned
+    chains of depth 2..6, two tree shapes, and hybrid chains. Eleven arms keep per-bucket exploration
+    affordable."""
     return [
         OFF,
         Arm(Drafter.NGRAM, 3),
         Arm(Drafter.SUFFIX, 4),
         Arm(Drafter.SUFFIX, 8),
-        Arm(Drafter.SUFFIX, 12),
+        Arm(Drafter.SUFFIX, 16),
+        Arm(Drafter.SUFFIX, 32),
         Arm(Drafter.LEARNED, 2),
         Arm(Drafter.LEARNED, 4),
         Arm(Drafter.LEARNED, 12, tree_width=2, tree_depth=6),

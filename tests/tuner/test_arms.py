@@ -29,7 +29,7 @@ def test_default_arms_are_sensible():
     assert len({a.name for a in arms}) == len(arms)
     assert {a.drafter for a in arms} == set(Drafter)
     depths = sorted(a.depth for a in arms if not a.is_off)
-    assert depths[0] >= 2 and depths[-1] <= 12
+    assert depths[0] >= 2 and depths[-1] <= 32
     assert any(a.tree_width > 1 for a in arms)
     assert parse_arms(arms) == arms
 
