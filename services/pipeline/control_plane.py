@@ -86,6 +86,7 @@ class ControlPlane:
         available_drafters: list[str],
         run_info: Callable[[], dict],
         log_fn=print,
+        placement=None,
     ):
         self.cfg = cfg
         self.model_path = model_path
@@ -95,8 +96,15 @@ class ControlPlane:
         self.run_info = run_info
         self.log = log_fn
         self.use_ray = cfg.ray.use_ray
+        # where services bind (grpc.host; services/common/hosts.py): `auto` is settled here, once per run
+        # (``node`` on a multi-node Ray cluster: each actor binds and advertises its own node's IP)
+        from services.common.hosts import multi_node, run_host
+
+        self.host = run_host(cfg.grpc.host, self.use_ray and multi_node())
+        # placement groups (services/common/placement.py): the driver's, else this plane's own
+        self.placement = placement
+        self._owns_placement = False
         # the run's secret: the operator's, else a fresh one (never logged, never in config.yaml)
-        self.host = cfg.grpc.host
         self.token = cfg.grpc.token or os.environ.get(TOKEN_ENV) or new_token()
         self.coordinator_pool: ActorPool | None = None
         self.coordinator = None  # CoordinatorClient
@@ -128,6 +136,12 @@ class ControlPlane:
         write_token_file(self.run_dir, self.token)
         n = cfg.rollout.num_actors
         self.worker_ids = list(range(n))
+        if self.placement is None:
+            from services.common.placement import RunPlacement
+
+            self.placement = RunPlacement.from_config(cfg)
+            self._owns_placement = True
+        self.placement.create()
         self._start_coordinator()
         if cfg.tuner.enabled:
             from services.tuner.grpc_service import TunerClient
@@ -155,6 +169,8 @@ class ControlPlane:
             [(i, str(self.model_path), sampling) for i in range(n)],
             self.use_ray,
             num_cpus=cfg.rollout.threads_per_actor,
+            num_gpus=cfg.rollout.gpus_per_actor,
+            options_list=[self.placement.rollout_options(i) for i in range(n)],
             kwargs_list=[
                 dict(
                     max_batch_size=cfg.rollout.max_batch_size,
@@ -257,6 +273,7 @@ class ControlPlane:
             min_samples=s.min_fresh_samples,
             nice=s.nice,
             token=self.token,  # the stream's MAC key (a Ray call argument, like the gRPC token)
+            stream_host=self.host,  # the hidden-state stream binds like the gRPC services
         )
         ckpt = str(self.run_dir / "checkpoints" / "spot_trainer")
         self.spot = ActorPool.create(
@@ -266,6 +283,7 @@ class ControlPlane:
             num_cpus=0,
             kwargs_list=[dict(kwargs, replica=i) for i in range(replicas)],
             max_concurrency=4,
+            options_list=[self.placement.spot_options(i) for i in range(replicas)],
         )
         addresses = self.spot.call_all("serve", [(self.host, 0, self.token)] * replicas)
         self.spot_clients = [SpotTrainerClient(a, self.token) for a in addresses]
@@ -327,6 +345,19 @@ class ControlPlane:
                 pool.shutdown()
         if self.coordinator_pool is not None and not keep:
             self.coordinator_pool.shutdown()
+        if self._owns_placement and self.placement is not None:
+            self.placement.remove()
+
+    def addresses(self) -> dict[str, Any]:
+        """Every service address this plane dials: coordinator, tuner, rollout actors, spot-trainer replicas
+        (gRPC) and the replicas' hidden-state streams (ZeroMQ)."""
+        return {
+            "coordinator": self.coordinator_address,
+            "tuner": self.tuner_client.address if self.tuner_client is not None else None,
+            "rollout": [c.address for c in self.rollout_clients],
+            "spot_trainer": [c.address for c in self.spot_clients],
+            "spot_stream": self.spot.call_all("address", [()] * len(self.spot)) if self.spot else [],
+        }
 
     # ------------------------------------------------------------------ spot trainer
     def _replica(self, worker_id: str) -> int:
