@@ -13,6 +13,12 @@ Actors (Ray actors, or plain objects in-process with ``ray.use_ray=false``):
 Control calls go over gRPC (state reports, grants, preemptions, strategy tables, drafter versions, status);
 bulk tensors (policy weights, drafter heads for averaging, rollout results) stay on the Ray object store.
 
+Placement and addresses: under Ray the rollout actors take the bundles of a ``SPREAD`` placement group and
+spot-trainer replica ``i`` shares rollout bundle ``i`` (``services/common/placement.py``; the driver owns the
+groups and removes them at stop). Every service binds ``grpc.host`` as ``services/common/hosts.py`` resolves it:
+``auto`` is each actor's own Ray node IP on a multi-node cluster (bound and advertised, the hidden-state stream
+too), ``127.0.0.1`` on one node.
+
 Security: every service requires the run's secret on every call, loopback included. The secret is the
 operator's (``grpc.token`` or ``$TAILSPEC_GRPC_TOKEN``) or generated here (``secrets.token_urlsafe``); it
 reaches the actors only as Ray call arguments (never a command line, ``config.yaml`` or a log line) and is
@@ -347,17 +353,6 @@ class ControlPlane:
             self.coordinator_pool.shutdown()
         if self._owns_placement and self.placement is not None:
             self.placement.remove()
-
-    def addresses(self) -> dict[str, Any]:
-        """Every service address this plane dials: coordinator, tuner, rollout actors, spot-trainer replicas
-        (gRPC) and the replicas' hidden-state streams (ZeroMQ)."""
-        return {
-            "coordinator": self.coordinator_address,
-            "tuner": self.tuner_client.address if self.tuner_client is not None else None,
-            "rollout": [c.address for c in self.rollout_clients],
-            "spot_trainer": [c.address for c in self.spot_clients],
-            "spot_stream": self.spot.call_all("address", [()] * len(self.spot)) if self.spot else [],
-        }
 
     # ------------------------------------------------------------------ spot trainer
     def _replica(self, worker_id: str) -> int:

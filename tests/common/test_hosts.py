@@ -8,7 +8,13 @@ from services.common import hosts
 from services.common.config import ConfigError, load_config
 from services.common.grpc_server import GrpcServer, expose, health_check
 from services.common.hosts import bind_and_advertise, run_host
-from services.common.placement import TRAINER_RESOURCE, RunPlacement, rollout_bundles, trainer_bundle
+from services.common.placement import (
+    TRAINER_RESOURCE,
+    PlacementError,
+    RunPlacement,
+    rollout_bundles,
+    trainer_bundle,
+)
 from services.common.proto_gen.tailspec.v1 import coordinator_pb2_grpc
 from tests.common.fake_services import FakeCoordinator
 
@@ -52,12 +58,15 @@ def test_bind_and_advertise(host, node_ip, multi, bind, advertise):
     assert bind_and_advertise(host, node_ip, multi) == (bind, advertise)
 
 
-def test_outside_ray_everything_is_loopback():
-    assert hosts.ray_node_ip() is None or hosts.multi_node() in (True, False)
-    if hosts.ray_node_ip() is None:
-        assert hosts.resolve("auto") == ("127.0.0.1", "127.0.0.1")
-        assert hosts.resolve("node") == ("127.0.0.1", "127.0.0.1")
-        assert hosts.resolve("0.0.0.0") == ("0.0.0.0", "127.0.0.1")
+def test_outside_ray_everything_is_loopback(monkeypatch):
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as in a ray.use_ray=false run
+    assert hosts.ray_node_ip() is None and hosts.multi_node() is False
+    assert hosts.resolve("auto") == ("127.0.0.1", "127.0.0.1")
+    assert hosts.resolve("node") == ("127.0.0.1", "127.0.0.1")
+    assert hosts.resolve("0.0.0.0") == ("0.0.0.0", "127.0.0.1")
+    assert hosts.resolve("10.1.2.3") == ("10.1.2.3", "10.1.2.3")
 
 
 def test_config_default_is_auto_and_validated():
@@ -141,3 +150,51 @@ def test_no_ray_no_placement():
     assert p.rollout_pg is None and p.trainer_pg is None
     assert p.rollout_options(0) == {} and p.spot_options(3) == {} and p.trainer_options() == {}
     p.remove()
+
+
+def test_placement_groups_on_ray(ray_cluster):
+    """On the 2-CPU test cluster: the make-run shape (2 actors x 1 CPU + the trainer) is placed without a
+    deadlock (no tailspec_trainer marker here: the trainer shares rollout bundle 0); everything is removed."""
+    from ray.util import placement_group_table
+
+    p = RunPlacement(True, num_actors=2, threads_per_actor=1, timeout_s=120).create()
+    try:
+        assert p.trainer_bundle is None and p.trainer_pg is None
+        assert [b for b in placement_group_table(p.rollout_pg)["bundles"].values()] == [{"CPU": 1.0}] * 2
+        opts = p.trainer_options()["scheduling_strategy"]
+        assert opts.placement_group == p.rollout_pg and opts.placement_group_bundle_index == 0
+        assert p.spot_options(3)["scheduling_strategy"].placement_group_bundle_index == 1
+        pg_id = p.rollout_pg.id
+    finally:
+        p.remove()
+    assert p.rollout_pg is None
+    assert placement_group_table()[pg_id.hex()]["state"] == "REMOVED"
+
+
+def test_a_cluster_too_small_fails_with_what_is_missing(ray_cluster):
+    from ray.util import placement_group_table
+
+    before = {k for k, v in placement_group_table().items() if v["state"] != "REMOVED"}
+    p = RunPlacement(True, num_actors=3, threads_per_actor=1, timeout_s=3)
+    with pytest.raises(PlacementError, match=r"cannot place the rollout actors.*'CPU': 2\.0"):
+        p.create()
+    assert p.rollout_pg is None  # removed, not left pending
+    after = {k for k, v in placement_group_table().items() if v["state"] != "REMOVED"}
+    assert after <= before
+
+
+def test_more_gpus_than_the_machine_has(tmp_path, tiny_policy_dir, capsys, monkeypatch):
+    import torch
+
+    from services.pipeline.cli import main
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    run = tmp_path / "run"
+    rc = main(
+        ["train", "--run-dir", str(run), f"model.path={tiny_policy_dir}", "ray.num_cpus=2"]
+        + ["rollout.gpus_per_actor=1", "trainer.steps=1"]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2 and not run.exists(), err
+    assert err.count("error:") == 1 and "needs 2 GPUs" in err and "has 0" in err, err
