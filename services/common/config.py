@@ -77,6 +77,12 @@ class TrainerConfig:
     # phase has the node to itself: rollout actors are idle and the spot trainer trains only in rollout
     # bubbles; on the 2-core dev machine 2 threads made a GRPO step 1.6x faster than Ray's default of 1)
     threads: int = 0
+    # GPUs of the policy trainer actor (0 = CPU). Placement (Ray): the trainer gets its own placement-group
+    # bundle {GPU: gpus, tailspec_trainer: 1} (each key only where it applies: GPU when gpus > 0, the
+    # tailspec_trainer marker when some node advertises it: the local cluster tailspec starts and the Helm
+    # chart's workers do, a head with num-cpus=0 does not), so it lands on a GPU node, never on a 0-CPU head.
+    # Where neither applies the trainer shares rollout actor 0's bundle (a node with CPUs), reserving nothing.
+    gpus: float = 0
 
 
 @dataclass
@@ -99,6 +105,10 @@ class SpeculativeConfig:
 class RolloutConfig:
     num_actors: int = 2
     threads_per_actor: int = 1
+    # GPUs per rollout actor (0 = CPU). Under Ray the actors are placed with a placement group of
+    # num_actors bundles {CPU: threads_per_actor, GPU: gpus_per_actor}, strategy SPREAD (across nodes where
+    # there is room; one node is fine); spot-trainer replica i shares bundle i (it trains in its bubble)
+    gpus_per_actor: float = 0
     max_batch_size: int = 64  # slots per actor
     max_new_tokens: int = 320
     temperature: float = 0.9
@@ -160,9 +170,20 @@ class GrpcSection:
     """Where every service actor serves gRPC (coordinator, rollout actors, tuner, spot trainer). Every call,
     loopback included, carries the run's secret (``authorization: Bearer <token>``): ``token`` (or
     ``$TAILSPEC_GRPC_TOKEN``) is an operator-chosen one, null = a fresh secret per run. Written to
-    ``<run_dir>/grpc_token`` (mode 0600), redacted in ``config.yaml``."""
+    ``<run_dir>/grpc_token`` (mode 0600), redacted in ``config.yaml``.
 
-    host: str = "127.0.0.1"
+    ``host`` (also the spot trainer's hidden-state stream; rule in ``services/common/hosts.py``):
+
+    - ``auto`` (default): on a Ray cluster with more than one node, every service binds its own node's IP
+      (Ray's, ``ray.util.get_node_ip_address()`` inside the actor); else (one node, ``ray.use_ray=false``)
+      ``127.0.0.1``;
+    - ``node``: always the node's IP (``127.0.0.1`` without Ray);
+    - a wildcard (``0.0.0.0``, ``::``): binds it and advertises the node's IP, so the address handed to
+      other services is reachable (never ``0.0.0.0`` or loopback);
+    - anything else (an IP, a hostname): bound and advertised as given: an explicit host wins.
+    """
+
+    host: str = "auto"
     token: str | None = None
 
 
@@ -194,6 +215,9 @@ class RayConfig:
     num_cpus: int | None = None
     temp_dir: str | None = None
     use_ray: bool = True  # False runs every service in-process (debugging, tests)
+    # how long to wait for the placement groups (rollout actors, policy trainer) before failing with what is
+    # missing, instead of hanging on a cluster that cannot hold them
+    placement_timeout_s: float = 300.0
 
 
 @dataclass
@@ -262,6 +286,10 @@ def _validate(cfg: Config) -> None:
         ("trainer.updates_per_step", cfg.trainer.updates_per_step >= 1, "must be >= 1"),
         ("trainer.save_every", t.save_every >= 0, "must be >= 0 (0 = no step checkpoints)"),
         ("trainer.threads", cfg.trainer.threads >= 0, "must be >= 0 (0 = all usable cores)"),
+        ("trainer.gpus", t.gpus >= 0, "must be >= 0"),
+        ("rollout.gpus_per_actor", cfg.rollout.gpus_per_actor >= 0, "must be >= 0"),
+        ("ray.placement_timeout_s", cfg.ray.placement_timeout_s > 0, "must be > 0"),
+        ("grpc.host", bool(cfg.grpc.host.strip()), "must be auto, node, a wildcard, an IP or a hostname"),
         ("rollout.num_actors", cfg.rollout.num_actors >= 1, "must be >= 1"),
         ("rollout.threads_per_actor", cfg.rollout.threads_per_actor >= 1, "must be >= 1"),
         ("rollout.max_batch_size", cfg.rollout.max_batch_size >= 1, "must be >= 1"),

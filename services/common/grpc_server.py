@@ -406,7 +406,9 @@ class GrpcServer:
 
     Args:
         servicers: generated-servicer instances (hand-written or from ``expose``) or ``ServiceBinding``s.
-        host: bind address; non-loopback needs ``token`` or ``tls`` (else ``ValueError`` here).
+        host: bind address; non-loopback needs ``token`` or ``tls`` (else ``ValueError`` here). ``auto``,
+            ``node`` and wildcards follow ``services/common/hosts.py``: ``node`` binds this process's Ray
+            node IP, a wildcard advertises it (``address``), ``auto`` is ``node`` on a multi-node cluster.
         port: 0 = any free port (``start()`` returns it).
         token: bearer token every call must carry (metadata ``authorization: Bearer <token>``).
         tls: serve TLS instead of plaintext.
@@ -428,12 +430,18 @@ class GrpcServer:
     ):
         if not (0 <= int(port) <= 65535):
             raise ValueError(f"port must be in 0..65535, got {port!r}")
+        from services.common.hosts import resolve
+
+        requested = host
+        host, advertise = resolve(host)  # ``auto``, ``node`` and wildcards: services/common/hosts.py
         check_bind(host, token, tls)
         self.bindings = [binding_for(s) for s in servicers]
         names = [b.service_name for b in self.bindings]
         if len(set(names)) != len(names):
             raise ValueError(f"a service is registered twice: {names}")
-        self.host = host
+        self.requested_host = requested
+        self.host = host  # what is bound
+        self.advertise_host = advertise  # what others dial (``address``)
         self.requested_port = int(port)
         self.token = token or None
         self.tls = tls
@@ -455,15 +463,13 @@ class GrpcServer:
 
     @property
     def address(self) -> str:
-        """``host:port`` to dial (``[::1]:port`` style for IPv6; a wildcard host is reported as loopback)."""
+        """``host:port`` to dial (``[::1]:port`` style for IPv6): the advertised host, so a wildcard bind is
+        reported as the Ray node's IP (``127.0.0.1`` outside Ray), never as ``0.0.0.0``."""
         if self.port is None:
             raise RuntimeError("server not started")
-        host = self.host
-        if host in ("0.0.0.0", "", "::", "[::]"):
-            host = "127.0.0.1"
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        return f"{host}:{self.port}"
+        from services.common.hosts import format_address
+
+        return format_address(self.advertise_host, self.port)
 
     @property
     def running(self) -> bool:

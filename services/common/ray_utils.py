@@ -45,8 +45,14 @@ def init_ray(
     if address:
         ray.init(address=address, runtime_env=env, log_to_driver=True)
         return f"joined Ray cluster at {address}"
+    from services.common.placement import TRAINER_RESOURCE
+
     kw: dict[str, Any] = dict(
-        num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, runtime_env=env, log_to_driver=True
+        num_cpus=num_cpus or os.cpu_count(),
+        include_dashboard=False,
+        runtime_env=env,
+        log_to_driver=True,
+        resources={TRAINER_RESOURCE: 1},  # the policy trainer's own bundle (services/common/placement.py)
     )
     if temp_dir:
         kw["_temp_dir"] = temp_dir
@@ -88,30 +94,60 @@ class ActorPool:
         num_cpus: float = 1,
         kwargs_list=None,
         max_concurrency: int = 1,
+        num_gpus: float = 0,
+        options_list=None,
     ) -> ActorPool:
+        """One member per ``args_list`` entry. Under Ray each reserves ``num_cpus`` / ``num_gpus`` and takes
+        its ``options_list`` entry (``.options(**opts)``, e.g. a placement-group ``scheduling_strategy`` from
+        ``services/common/placement.py``); both are ignored in-process."""
         kwargs_list = kwargs_list or [{} for _ in args_list]
+        options_list = list(options_list) if options_list else [{} for _ in args_list]
         if not use_ray:
             pool = ActorPool([cls(*a, **k) for a, k in zip(args_list, kwargs_list)], False)
         else:
             import ray
 
-            remote = ray.remote(num_cpus=num_cpus, max_restarts=0, max_concurrency=max_concurrency)(cls)
-            pool = ActorPool([remote.remote(*a, **k) for a, k in zip(args_list, kwargs_list)], True)
+            remote = ray.remote(
+                num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, max_concurrency=max_concurrency
+            )(cls)
+            pool = ActorPool(
+                [
+                    (remote.options(**o) if o else remote).remote(*a, **k)
+                    for a, k, o in zip(args_list, kwargs_list, options_list)
+                ],
+                True,
+            )
             pool.call_all("ping", [() for _ in pool.members])  # surface constructor errors now
-        pool._spawn = (cls, list(args_list), list(kwargs_list), num_cpus, max_concurrency)
+        pool._spawn = dict(
+            cls=cls,
+            args=list(args_list),
+            kwargs=list(kwargs_list),
+            options=options_list,
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            max_concurrency=max_concurrency,
+        )
         return pool
 
     def respawn(self, i: int) -> None:
         """Replace member ``i`` (dead, or to be restarted) by a fresh one built with its original arguments
-        (a service that resumes from its checkpoint folder picks up where the old one stopped)."""
-        cls, args_list, kwargs_list, num_cpus, max_concurrency = self._spawn
-        fresh = ActorPool.create(
-            cls, [args_list[i]], self.use_ray, num_cpus, [kwargs_list[i]], max_concurrency
-        )
+        (a service that resumes from its checkpoint folder picks up where the old one stopped). The old one
+        is killed first, so the fresh one can take its place in a placement-group bundle."""
+        sp = self._spawn
         if self.use_ray:
             import ray
 
             ray.kill(self.members[i])
+        fresh = ActorPool.create(
+            sp["cls"],
+            [sp["args"][i]],
+            self.use_ray,
+            sp["num_cpus"],
+            [sp["kwargs"][i]],
+            sp["max_concurrency"],
+            sp["num_gpus"],
+            [sp["options"][i]],
+        )
         self.members[i] = fresh.members[0]
 
     def __len__(self) -> int:
@@ -134,14 +170,8 @@ class ActorPool:
         """Drop member ``i`` (a dead actor) from the pool."""
         m = self.members.pop(i)
         if self._spawn is not None:
-            cls, args_list, kwargs_list, num_cpus, conc = self._spawn
-            self._spawn = (
-                cls,
-                args_list[:i] + args_list[i + 1 :],
-                kwargs_list[:i] + kwargs_list[i + 1 :],
-                num_cpus,
-                conc,
-            )
+            for key in ("args", "kwargs", "options"):
+                self._spawn[key] = self._spawn[key][:i] + self._spawn[key][i + 1 :]
         if self.use_ray:
             import ray
 

@@ -31,6 +31,7 @@ def _console():
 def cmd_train(args) -> int:
     from ray.exceptions import RayError
 
+    from services.common.placement import PlacementError
     from services.pipeline.datasets import DatasetError
     from services.pipeline.driver import PreflightError, RLDriver, RunInterrupted, TrainingError
     from services.rollout_actor.model import ModelLoadError
@@ -53,7 +54,15 @@ def cmd_train(args) -> int:
             cfg = load_config(args.config, args.overrides)
             driver = RLDriver(cfg, run_dir=args.run_dir, console=_console())
         summary = driver.run()
-    except (ConfigError, DatasetError, PreflightError, ModelLoadError, FileExistsError, TrainingError) as e:
+    except (
+        ConfigError,
+        DatasetError,
+        PreflightError,
+        ModelLoadError,
+        FileExistsError,
+        TrainingError,
+        PlacementError,
+    ) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except RunInterrupted as e:

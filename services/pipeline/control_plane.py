@@ -13,6 +13,12 @@ Actors (Ray actors, or plain objects in-process with ``ray.use_ray=false``):
 Control calls go over gRPC (state reports, grants, preemptions, strategy tables, drafter versions, status);
 bulk tensors (policy weights, drafter heads for averaging, rollout results) stay on the Ray object store.
 
+Placement and addresses: under Ray the rollout actors take the bundles of a ``SPREAD`` placement group and
+spot-trainer replica ``i`` shares rollout bundle ``i`` (``services/common/placement.py``; the driver owns the
+groups and removes them at stop). Every service binds ``grpc.host`` as ``services/common/hosts.py`` resolves it:
+``auto`` is each actor's own Ray node IP on a multi-node cluster (bound and advertised, the hidden-state stream
+too), ``127.0.0.1`` on one node.
+
 Security: every service requires the run's secret on every call, loopback included. The secret is the
 operator's (``grpc.token`` or ``$TAILSPEC_GRPC_TOKEN``) or generated here (``secrets.token_urlsafe``); it
 reaches the actors only as Ray call arguments (never a command line, ``config.yaml`` or a log line) and is
@@ -86,6 +92,7 @@ class ControlPlane:
         available_drafters: list[str],
         run_info: Callable[[], dict],
         log_fn=print,
+        placement=None,
     ):
         self.cfg = cfg
         self.model_path = model_path
@@ -95,8 +102,15 @@ class ControlPlane:
         self.run_info = run_info
         self.log = log_fn
         self.use_ray = cfg.ray.use_ray
+        # where services bind (grpc.host; services/common/hosts.py): `auto` is settled here, once per run
+        # (``node`` on a multi-node Ray cluster: each actor binds and advertises its own node's IP)
+        from services.common.hosts import multi_node, run_host
+
+        self.host = run_host(cfg.grpc.host, self.use_ray and multi_node())
+        # placement groups (services/common/placement.py): the driver's, else this plane's own
+        self.placement = placement
+        self._owns_placement = False
         # the run's secret: the operator's, else a fresh one (never logged, never in config.yaml)
-        self.host = cfg.grpc.host
         self.token = cfg.grpc.token or os.environ.get(TOKEN_ENV) or new_token()
         self.coordinator_pool: ActorPool | None = None
         self.coordinator = None  # CoordinatorClient
@@ -129,6 +143,12 @@ class ControlPlane:
         write_token_file(self.run_dir, self.token)
         n = cfg.rollout.num_actors
         self.worker_ids = list(range(n))
+        if self.placement is None:
+            from services.common.placement import RunPlacement
+
+            self.placement = RunPlacement.from_config(cfg)
+            self._owns_placement = True
+        self.placement.create()
         self._start_coordinator()
         if cfg.tuner.enabled:
             from services.tuner.grpc_service import TunerClient
@@ -156,6 +176,8 @@ class ControlPlane:
             [(i, str(self.model_path), sampling) for i in range(n)],
             self.use_ray,
             num_cpus=cfg.rollout.threads_per_actor,
+            num_gpus=cfg.rollout.gpus_per_actor,
+            options_list=[self.placement.rollout_options(i) for i in range(n)],
             kwargs_list=[
                 dict(
                     max_batch_size=cfg.rollout.max_batch_size,
@@ -258,6 +280,7 @@ class ControlPlane:
             min_samples=s.min_fresh_samples,
             nice=s.nice,
             token=self.token,  # the stream's MAC key (a Ray call argument, like the gRPC token)
+            stream_host=self.host,  # the hidden-state stream binds like the gRPC services
         )
         ckpt = str(self.run_dir / "checkpoints" / "spot_trainer")
         self.spot = ActorPool.create(
@@ -267,6 +290,7 @@ class ControlPlane:
             num_cpus=0,
             kwargs_list=[dict(kwargs, replica=i) for i in range(replicas)],
             max_concurrency=4,
+            options_list=[self.placement.spot_options(i) for i in range(replicas)],
         )
         addresses = self.spot.call_all("serve", [(self.host, 0, self.token)] * replicas)
         self.spot_clients = [SpotTrainerClient(a, self.token) for a in addresses]
@@ -331,6 +355,8 @@ class ControlPlane:
                 pool.shutdown()
         if self.coordinator_pool is not None and not keep:
             self.coordinator_pool.shutdown()
+        if self._owns_placement and self.placement is not None:
+            self.placement.remove()
 
     # ------------------------------------------------------------------ spot trainer
     def _replica(self, worker_id: str) -> int:

@@ -180,7 +180,9 @@ def check_run_dir(run_dir: Path, resume: bool = False) -> None:
 
 def check_cpus(cfg: Config) -> None:
     """Raises PreflightError when a local Ray cluster could not place every rollout actor (each reserves
-    ``rollout.threads_per_actor`` CPUs; the other services reserve none), instead of waiting for ever."""
+    ``rollout.threads_per_actor`` CPUs and ``rollout.gpus_per_actor`` GPUs; the trainer ``trainer.gpus``
+    GPUs; the other services reserve none), instead of waiting for ever. (A joined cluster is checked when
+    its placement groups are created: ``ray.placement_timeout_s``.)"""
     if not cfg.ray.use_ray or cfg.ray.address or os.environ.get("RAY_ADDRESS"):
         return
     have = cfg.ray.num_cpus or os.cpu_count() or 1
@@ -190,6 +192,17 @@ def check_cpus(cfg: Config) -> None:
             f"rollout.num_actors={cfg.rollout.num_actors} x rollout.threads_per_actor="
             f"{cfg.rollout.threads_per_actor} needs {need} CPUs; the local Ray cluster has {have} (ray.num_cpus)"
         )
+    r = cfg.rollout
+    gpus = r.num_actors * r.gpus_per_actor + cfg.trainer.gpus
+    if gpus > 0:
+        import torch
+
+        have_gpus = torch.cuda.device_count()
+        if gpus > have_gpus:
+            raise PreflightError(
+                f"rollout.num_actors={r.num_actors} x rollout.gpus_per_actor={r.gpus_per_actor:g} + "
+                f"trainer.gpus={cfg.trainer.gpus:g} needs {gpus:g} GPUs; this machine has {have_gpus}"
+            )
 
 
 def load_data(cfg: Config) -> list[GSM8KExample]:
@@ -287,6 +300,11 @@ class RLDriver:
 
         self.bubbles = BubbleAccounting()
         self.phase = "rollout"
+        from services.common.placement import RunPlacement
+
+        # placement groups (rollout actors spread, the trainer in its own bundle): created by the plane's
+        # start, removed by _stop_services
+        self.placement = RunPlacement.from_config(cfg)
         self.plane = ControlPlane(
             cfg,
             self.model_path,
@@ -295,6 +313,7 @@ class RLDriver:
             self.available_drafters(),
             self._run_info,
             self.log,
+            placement=self.placement,
         )
         self.plane.start()
         self.log(
@@ -308,6 +327,8 @@ class RLDriver:
             [(str(self.model_path), asdict(cfg.trainer), cfg.run.seed)],
             cfg.ray.use_ray,
             num_cpus=0,
+            num_gpus=cfg.trainer.gpus,
+            options_list=[self.placement.trainer_options()],
         )
 
     @property
@@ -376,6 +397,8 @@ class RLDriver:
             self.plane.stop()
         if getattr(self, "trainer", None) is not None:
             self.trainer.shutdown()
+        if getattr(self, "placement", None) is not None:
+            self.placement.remove()
         if getattr(self, "_owns_ray", False):
             import ray
 

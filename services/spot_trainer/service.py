@@ -176,6 +176,8 @@ class SpotTrainerService:
             full speed on a core that is really idle. 0: the process's own priority. The stream receiver
             thread keeps the normal priority (it is cheap, and a starved receiver would drop frames).
         address: ZeroMQ endpoint the hidden-state receiver binds (``tcp://127.0.0.1:*`` = any free port).
+        stream_host: instead of ``address``: a ``grpc.host`` value (``node``, ``auto``, a wildcard, an IP;
+            ``services/common/hosts.py``) resolved on this replica's node; any free port.
         replica: index in the pool; 0 is the leader (publishes drafter versions).
         token: the run's secret (handed over through Ray): the hidden-state receiver accepts only frames
             with its MAC (``stream.py``, "Authentication").
@@ -199,6 +201,7 @@ class SpotTrainerService:
         address: str = "tcp://127.0.0.1:*",
         replica: int = 0,
         token: str | None = None,
+        stream_host: str | None = None,
     ):
         if int(replica) < 0:
             raise ValueError(f"replica must be >= 0, got {replica}")
@@ -217,6 +220,12 @@ class SpotTrainerService:
         self.eagle = EagleTrainer(self.head, self.target, lr=lr, seed=seed)
         self.buffer = HiddenStateBuffer(capacity_tokens, keep_versions=keep_versions)
         self.policy_version = 0  # as told by update_policy / set_policy_version (through Ray, trusted)
+        self._stream_advertise = None
+        if stream_host is not None:  # grpc.host's rule (services/common/hosts.py), resolved on this node
+            from services.common.hosts import format_address, resolve
+
+            bind, self._stream_advertise = resolve(stream_host)
+            address = "tcp://" + format_address(bind, 0).rsplit(":", 1)[0] + ":*"
         self.receiver = HiddenStateReceiver(
             address,
             self.buffer,
@@ -261,8 +270,14 @@ class SpotTrainerService:
         return self.spot.step
 
     def address(self) -> str:
-        """The ZeroMQ PULL endpoint rollout actors push frames to."""
-        return self.receiver.address
+        """The ZeroMQ PULL endpoint rollout actors push frames to (with ``stream_host``: the advertised host,
+        e.g. the node IP for a wildcard bind)."""
+        if self._stream_advertise is None:
+            return self.receiver.address
+        from services.common.hosts import format_address
+
+        port = int(self.receiver.address.rsplit(":", 1)[1])
+        return "tcp://" + format_address(self._stream_advertise, port)
 
     def _step(self, batch: dict) -> dict:
         hidden = batch["hidden"]  # [B, L, k, H] (k = fused layers)

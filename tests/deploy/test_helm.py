@@ -193,6 +193,26 @@ def test_gpu_render(helm_env, rayjob_validator, raycluster_spec_validator):
     assert {"name": "runs", "persistentVolumeClaim": {"claimName": "tailspec-runs"}} in head["volumes"]
 
 
+def test_trainer_never_on_the_cpu_less_head(helm_env):
+    """The head advertises 0 CPUs and no tailspec_trainer resource; every worker advertises the marker the
+    policy trainer's placement bundle asks for (services/common/placement.py), also when more worker
+    rayStartParams are set."""
+    import shlex
+
+    from services.common.placement import TRAINER_RESOURCE
+
+    for extra in ([], ["--set", "worker.rayStartParams.num-cpus=8"]):
+        cluster = _one(_template(helm_env, *extra), "RayJob")["spec"]["rayClusterSpec"]
+        head = cluster["headGroupSpec"]["rayStartParams"]
+        assert head["num-cpus"] == "0" and "resources" not in head
+        (group,) = cluster["workerGroupSpecs"]
+        # KubeRay appends `--resources=<value>` to the shell command of `ray start`
+        (arg,) = shlex.split(f"--resources={group['rayStartParams']['resources']}")
+        assert json.loads(arg.split("=", 1)[1]) == {TRAINER_RESOURCE: 1}
+        if extra:
+            assert group["rayStartParams"]["num-cpus"] == "8"
+
+
 def test_schema_check_catches_mistakes(helm_env, rayjob_validator):
     """The strict schema is not vacuous: a typo'd field, a wrong type and a bad quantity are reported."""
     job = _one(_template(helm_env), "RayJob")
