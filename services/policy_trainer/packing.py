@@ -160,19 +160,25 @@ def _packed_attention(attn: Attention, h, cos, sin, segments, masks) -> torch.Te
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [1, heads, N, D]
     q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
     gqa = attn.n_kv != attn.n_heads
+    # split, not slice: a slice's backward writes a zero-filled [1, heads, N, D] gradient per slice (quadratic
+    # in the number of segments), split's backward concatenates the pieces' gradients once
+    sizes = [n for _, p, blocks in segments for n in (p, *(bn for _, bn in blocks))]
+    qs, ks, vs = q.split(sizes, dim=2), k.split(sizes, dim=2), v.split(sizes, dim=2)
     outs = []
-    for ps, p, blocks in segments:
-        kp, vp = k[:, :, ps : ps + p], v[:, :, ps : ps + p]
-        outs.append(_sdpa(q[:, :, ps : ps + p], kp, vp, is_causal=True, enable_gqa=gqa))
-        for bs, bn in blocks:
+    i = 0
+    for _, p, blocks in segments:
+        kp, vp = ks[i], vs[i]
+        outs.append(_sdpa(qs[i], kp, vp, is_causal=True, enable_gqa=gqa))
+        i += 1
+        for _, bn in blocks:
+            j, i = i, i + 1
             if bn == 0:
                 continue
-            kk = torch.cat((kp, k[:, :, bs : bs + bn]), dim=2)
-            vv = torch.cat((vp, v[:, :, bs : bs + bn]), dim=2)
+            kk, vv = torch.cat((kp, ks[j]), dim=2), torch.cat((vp, vs[j]), dim=2)
             mask = masks.get((p, bn))
             if mask is None:
                 mask = masks[(p, bn)] = _prefix_causal_mask(p, bn, h.device)
-            outs.append(_sdpa(q[:, :, bs : bs + bn], kk, vv, attn_mask=mask, enable_gqa=gqa))
+            outs.append(_sdpa(qs[j], kk, vv, attn_mask=mask, enable_gqa=gqa))
     out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]  # [1, heads, N, D], packed order
     return attn.o_proj(out.transpose(1, 2).reshape(n, -1))
 
