@@ -33,7 +33,7 @@ forward FLOPs (forward + backward), forward = 2 x (decoder matmul weights x pack
 response tokens) + 4 x heads x head_dim x (causal query-key pairs) per layer. ``fraction_of_flop_bound`` =
 that work / seconds / matmul FLOP/s; ``6 N D`` (6 x parameters x response tokens) is given too.
 
-Writes ``policy_update.{json,md,png}`` under ``--out-dir``.
+Writes ``<name>.{json,md,png}`` under ``--out-dir`` (``--name``, default ``policy_update``).
 """
 
 from __future__ import annotations
@@ -322,6 +322,7 @@ def run(args) -> dict:
             t = time.perf_counter()
             fns[name]()
             seconds[name].append(time.perf_counter() - t)
+            print(f"[policy_update] round {r + 1}/{args.reps} {name}: {seconds[name][-1]:.2f} s", flush=True)
     flops = update_flops(base, samples, cfg.micro_batch_size)
     tokens = flops["response_tokens"]
     peak = statistics.median(gflops) * 1e9
@@ -451,15 +452,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = every usable core")
     ap.add_argument("--peer", choices=("auto", "trl", "transformers", "none"), default="auto")
     ap.add_argument("--out-dir", type=Path, default=RESULTS)
+    ap.add_argument("--name", default="policy_update", help="file stem of the outputs")
     args = ap.parse_args(argv)
     if args.quick:
         args.reps, args.prompts, args.group, args.max_new_tokens, args.matmul_n = 1, 2, 4, 48, 512
     d = run(args)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "policy_update.json").write_text(json.dumps(d, indent=2))
+    (args.out_dir / f"{args.name}.json").write_text(json.dumps(d, indent=2))
     md = markdown(d)
-    (args.out_dir / "policy_update.md").write_text(md)
-    plot(d, args.out_dir / "policy_update.png")
+    (args.out_dir / f"{args.name}.md").write_text(md)
+    plot(d, args.out_dir / f"{args.name}.png")
     print(md)
     return 0
 

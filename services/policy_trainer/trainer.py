@@ -268,9 +268,13 @@ class PolicyTrainer:
             raise ValueError("no response tokens in the rollout samples")
         ref: list[torch.Tensor | None] = [None] * len(batches)
         if cfg.kl_coef > 0 and self.reference is not None:
+            ref_dev = next(self.reference.parameters()).device  # may differ from the policy's
+            ref_batches = (
+                batches if ref_dev == self.device else pack_samples(samples, cfg.micro_batch_size, ref_dev)
+            )
             with torch.no_grad():
-                for j, b in enumerate(batches):
-                    ref[j] = self._token_logprobs(packed_logits(self.reference, b), b)
+                for j, b in enumerate(ref_batches):
+                    ref[j] = self._token_logprobs(packed_logits(self.reference, b), b).to(self.device)
         old: list[torch.Tensor | None] = [None] * len(batches)
         was_training = self.model.training
         self.model.train()
