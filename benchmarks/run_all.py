@@ -26,12 +26,15 @@ never compete for the cores:
 5. ``rl_step_e2e``: the end-to-end RL step, adaptive system (cold tuner, and tuner started from a 4-step
    run's state) vs speculation off, 2 rounds of runs in ABBA order (``--quick``: 2 steps, 1 round, a 2-step
    tuner warm-up; ``--full``: 3 rounds).
-6. ``cuda_graphs``: decode with and without CUDA graphs; without CUDA it prints ``skipped: no CUDA`` and keeps
+6. ``policy_update``: one GRPO policy update on the same rollouts, the packed trainer vs the previous padded
+   implementation vs TRL's ``GRPOTrainer`` loss path (a plain transformers forward + backward when TRL cannot
+   be imported), with the CPU's FLOP bound (``--quick``: 8 short samples, one round).
+7. ``cuda_graphs``: decode with and without CUDA graphs; without CUDA it prints ``skipped: no CUDA`` and keeps
    a result measured earlier on a GPU, which the summary then shows with the GPU it ran on.
 
-``summary.md`` concatenates the benchmarks' tables (``rollout_longtail.md``; tables rendered from
-``drafter_propose_cost.json`` and ``spot_training_effect.json``) with the machine described. A benchmark
-that fails is reported there and makes the exit status non-zero; the others still run. A module under
+``summary.md`` concatenates the benchmarks' tables (``rollout_longtail.md``, ``policy_update.md``; tables
+rendered from ``drafter_propose_cost.json`` and ``spot_training_effect.json``) with the machine described. A
+benchmark that fails is reported there and makes the exit status non-zero; the others still run. A module under
 ``benchmarks/`` that is not in ``BENCHMARKS`` is listed in the summary as not run: register it there.
 """
 
@@ -56,6 +59,7 @@ BENCHMARKS = (
     "suffix_offline",
     "suffix_sibling_stall",
     "rl_step_e2e",
+    "policy_update",
     "cuda_graphs",
 )
 LEARNED_DIR = (
@@ -260,6 +264,9 @@ def write_summary(results: Path, status: dict[str, dict]) -> Path:
     e2e = results / "rl_step_e2e.json"
     if "rl_step_e2e" in status and e2e.is_file():
         parts.append(e2e_markdown(e2e))
+    pu = results / "policy_update.md"
+    if "policy_update" in status and pu.is_file():
+        parts.append(pu.read_text())
     cg = results / "cuda_graphs.json"
     if "cuda_graphs" in status and cg.is_file():
         parts.append(cuda_graphs_markdown(cg))
@@ -323,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
             extra += ["--out", str(results / "suffix_sibling_stall")] + (
                 ["--repeats", "2"] if args.quick else []
             )
+        if name == "policy_update":
+            extra += ["--out-dir", str(results)] + (["--quick"] if args.quick else [])
         if name == "drafter_propose_cost":
             extra += ["--out", str(results / "drafter_propose_cost.json")]
             try:

@@ -3,15 +3,19 @@
 ``PolicyTrainer.train_step(samples)`` takes the step's rollouts (prompt ids, response ids, the response's
 group-normalized advantage) and
 
-1. builds right-padded sequences ``prompt + response``; the loss mask covers the response tokens only
-   (targets at positions ``len(prompt) .. len(seq) - 1``; prompt and padding never count);
-2. computes ``old_logprobs`` with the current policy under ``no_grad`` (GRPO's pi_old: the policy that
-   generated the rollouts, so the first pass has ratio exactly 1) and, when ``kl_coef > 0``, the reference
-   policy's log-probs;
-3. runs ``updates_per_step`` passes; each pass shuffles the sequences into micro-batches of
-   ``micro_batch_size``, accumulates gradients so that the pass's loss is the token-mean over ALL response
-   tokens of the pass (DAPO's token-level loss, see ``grpo.py``), clips the gradient norm to
-   ``max_grad_norm`` and takes one optimizer step.
+1. packs them (``packing.py``): micro-batches of at most ``micro_batch_size`` responses, each one flat
+   token stream without padding in which the responses of a group share one copy of their prompt, and the
+   LM head runs only where a response token is predicted (the loss covers response tokens only);
+2. runs ``updates_per_step`` passes; each pass accumulates gradients over the micro-batches so that the
+   pass's loss is the token-mean over ALL response tokens of the pass (DAPO's token-level loss, see
+   ``grpo.py``), clips the gradient norm to ``max_grad_norm`` and takes one optimizer step. The pass's
+   gradient is a sum over all its tokens, so the micro-batch composition and order do not change it (up
+   to float round-off).
+
+``old_logprobs`` (GRPO's pi_old, the policy that generated the rollouts, i.e. the weights before this
+step's first optimizer step) are the first pass's own log-probs, detached: no separate forward, and the
+first pass sees ratio exactly 1. When ``kl_coef > 0`` the reference policy's log-probs come from one
+``no_grad`` packed forward per micro-batch.
 
 The optimizer lives behind a small backend interface (``forward`` / ``backward`` / ``step`` / ``zero_grad``
 / ``state``): ``_TorchBackend`` (``torch.optim.AdamW``) and ``_DeepSpeedBackend`` (DeepSpeed ZeRO stage 1 or
@@ -34,6 +38,7 @@ from torch import nn
 
 from services.common.config import TrainerConfig
 from services.policy_trainer.grpo import grpo_loss, token_logprobs
+from services.policy_trainer.packing import PackedBatch, PackedPolicy, pack_samples, packed_logits
 from services.rollout_actor.model import Transformer
 
 __all__ = ["RolloutSample", "PolicyTrainer"]
@@ -65,8 +70,9 @@ class _TorchBackend:
         )
         self.steps = 0
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids).logits
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        """``[M, V]`` logits at the packed batch's target positions (``packing.packed_logits``)."""
+        return packed_logits(self.model, batch)
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -171,13 +177,15 @@ class _DeepSpeedBackend:
             "steps_per_print": 2**31 - 1,
             "wall_clock_breakdown": False,
         }
+        # the engine wraps the packed forward (it hooks the output of ``engine(...)`` for its backward)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, model_parameters=params, config=ds_config
+            model=PackedPolicy(model), optimizer=optimizer, model_parameters=params, config=ds_config
         )
         self.steps = 0
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.engine(input_ids).logits
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        """``[M, V]`` logits at the packed batch's target positions, through the engine."""
+        return self.engine(batch)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss, scale_wrt_gas=False)
@@ -223,7 +231,7 @@ class PolicyTrainer:
             clip_eps, kl_coef, backend, zero_stage).
         reference: the frozen reference policy for the k3 KL term. Used only when ``cfg.kl_coef > 0``; if it
             is None then, a frozen copy of ``model`` as given (the initial policy) is made.
-        seed: seeds the micro-batch shuffling.
+        seed: kept for API compatibility (the update is deterministic: it does not shuffle).
     """
 
     def __init__(
@@ -232,7 +240,6 @@ class PolicyTrainer:
         self.model = model
         self.cfg = cfg
         self.version = 0
-        self._gen = torch.Generator().manual_seed(seed)
         self.reference: Transformer | None = None
         if cfg.kl_coef > 0:
             self.reference = reference if reference is not None else copy.deepcopy(model)
@@ -245,61 +252,21 @@ class PolicyTrainer:
             self._backend = _DeepSpeedBackend(model, cfg)
         else:
             raise ValueError(f"unknown trainer backend {cfg.backend!r} (expected 'torch' or 'deepspeed')")
-        pad = model.config.pad_token_id
-        self.pad_id = pad if isinstance(pad, int) and 0 <= pad < model.config.vocab_size else 0
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    # ------------------------------------------------------------------ batching
-    def _build_batch(self, samples: list[RolloutSample]):
-        """inputs/targets ``[N, T]`` (right-padded, ``T = max len - 1``), mask ``[N, T]`` float over response
-        targets, per-row valid length ``[N]``, advantages ``[N]``."""
-        seqs = [list(s.prompt_ids) + list(s.response_ids) for s in samples]
-        t = max(len(s) for s in seqs) - 1
-        if t < 1:
-            raise ValueError("every sequence has fewer than 2 tokens: nothing to train on")
-        n = len(seqs)
-        inputs = torch.full((n, t), self.pad_id, dtype=torch.long)
-        targets = torch.full((n, t), self.pad_id, dtype=torch.long)
-        mask = torch.zeros(n, t)
-        lengths = torch.zeros(n, dtype=torch.long)
-        for i, (s, seq) in enumerate(zip(samples, seqs)):
-            L = len(seq) - 1
-            if L <= 0:
-                continue
-            row = torch.as_tensor(seq, dtype=torch.long)
-            inputs[i, :L] = row[:-1]
-            targets[i, :L] = row[1:]
-            # target position j predicts seq[j + 1]: a response token iff j + 1 >= len(prompt)
-            mask[i, max(len(s.prompt_ids) - 1, 0) : L] = 1.0
-            lengths[i] = L
-        adv = torch.tensor([float(s.advantage) for s in samples])
-        dev = self.device
-        return inputs.to(dev), targets.to(dev), mask.to(dev), lengths, adv.to(dev)
-
-    def _micro_batches(self, order: torch.Tensor) -> list[torch.Tensor]:
-        mb = max(1, int(self.cfg.micro_batch_size))
-        return [order[i : i + mb] for i in range(0, len(order), mb)]
-
-    @torch.no_grad()
-    def _logprobs(self, model: nn.Module, batches, inputs, targets, lengths) -> torch.Tensor:
-        """``[N, T]`` log-probs of ``targets`` under ``model`` (which may sit on another device), computed in
-        the given micro-batch layout; zeros past each row's length."""
-        dev = next(model.parameters()).device
-        out = torch.zeros(inputs.shape, dtype=torch.float32, device=inputs.device)
-        for rows in batches:
-            tm = int(lengths[rows].max())
-            r = rows.to(inputs.device)
-            ids, tg = inputs[r, :tm].to(dev), targets[r, :tm].to(dev)
-            out[r, :tm] = token_logprobs(model(ids).logits, tg).to(out.device)
-        return out
-
     # ------------------------------------------------------------------ the update
+    def _token_logprobs(self, logits: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+        """``[M]`` float32 log-probs of ``batch.targets`` under ``[M, V]`` logits."""
+        return token_logprobs(logits.unsqueeze(0), batch.targets.unsqueeze(0), chunk_rows=1)[0]
+
     def train_step(self, samples: list[RolloutSample]) -> dict[str, float]:
         """One GRPO update on the step's rollouts; ``version`` += 1.
 
+        Raises:
+            ValueError: no samples, or no response token to train on.
         Returns:
             stats averaged over the ``updates_per_step`` passes: ``loss`` (token-mean), ``clip_fraction``,
             ``kl_mean``, ``ratio_mean``, ``grad_norm`` (pre-clip), plus ``tokens`` (masked response tokens
@@ -309,38 +276,40 @@ class PolicyTrainer:
             raise ValueError("train_step needs at least one rollout sample")
         t0 = time.perf_counter()
         cfg = self.cfg
-        inputs, targets, mask, lengths, adv = self._build_batch(samples)
-        total_tokens = float(mask.sum())
+        batches = pack_samples(samples, cfg.micro_batch_size, self.device)
+        total_tokens = float(sum(b.num_tokens for b in batches))
         if total_tokens == 0:
             raise ValueError("no response tokens in the rollout samples")
-        n = len(samples)
-        orders = [torch.randperm(n, generator=self._gen) for _ in range(max(1, cfg.updates_per_step))]
-        # pi_old in the first pass's micro-batch layout: the first pass sees ratio == 1 exactly.
-        first = self._micro_batches(orders[0])
-        was_training = self.model.training
-        self.model.eval()
-        old = self._logprobs(self.model, first, inputs, targets, lengths)
-        ref = None
+        ref: list[torch.Tensor | None] = [None] * len(batches)
         if cfg.kl_coef > 0 and self.reference is not None:
-            ref = self._logprobs(self.reference, first, inputs, targets, lengths)
+            ref_dev = next(self.reference.parameters()).device  # may differ from the policy's
+            ref_batches = (
+                batches if ref_dev == self.device else pack_samples(samples, cfg.micro_batch_size, ref_dev)
+            )
+            with torch.no_grad():
+                for j, b in enumerate(ref_batches):
+                    ref[j] = self._token_logprobs(packed_logits(self.reference, b), b).to(self.device)
+        old: list[torch.Tensor | None] = [None] * len(batches)
+        was_training = self.model.training
         self.model.train()
 
         sums = {"loss": 0.0, "clip_fraction": 0.0, "kl_mean": 0.0, "ratio_mean": 0.0, "grad_norm": 0.0}
-        for order in orders:
+        passes = max(1, cfg.updates_per_step)
+        for _ in range(passes):
             self._backend.zero_grad()
             pass_loss = 0.0
-            for rows in self._micro_batches(order):
-                tm = int(lengths[rows].max())
-                r = rows.to(inputs.device)
-                logits = self._backend.forward(inputs[r, :tm])
-                lp = token_logprobs(logits, targets[r, :tm])
+            for j, b in enumerate(batches):
+                lp = self._token_logprobs(self._backend.forward(b), b)
+                if old[j] is None:  # pi_old: the weights before this step's first optimizer step
+                    old[j] = lp.detach()
+                # one row per token ([M, 1]): grpo_loss's token-mean over the mask is then the same sum
                 loss, st = grpo_loss(
-                    lp,
-                    old[r, :tm],
-                    adv[r],
-                    mask[r, :tm],
+                    lp.unsqueeze(1),
+                    old[j].unsqueeze(1),
+                    b.advantages,
+                    torch.ones_like(lp).unsqueeze(1),
                     cfg.clip_eps,
-                    ref_logprobs=None if ref is None else ref[r, :tm],
+                    ref_logprobs=None if ref[j] is None else ref[j].unsqueeze(1),
                     kl_coef=cfg.kl_coef,
                     num_tokens=total_tokens,
                 )
@@ -354,11 +323,10 @@ class PolicyTrainer:
         self._backend.zero_grad()
         self.model.train(was_training)
         self.version += 1
-        passes = len(orders)
         stats = {k: v / passes for k, v in sums.items()}
         stats.update(
             tokens=total_tokens,
-            samples=float(n),
+            samples=float(len(samples)),
             passes=float(passes),
             version=float(self.version),
             seconds=time.perf_counter() - t0,
@@ -380,7 +348,7 @@ class PolicyTrainer:
 
     def save_state(self, path: str | os.PathLike) -> None:
         """Everything a resumed run needs to continue exactly: ``path/policy`` (Hugging Face format) and
-        ``path/trainer.pt`` (version, optimizer state and steps, the micro-batch shuffling generator). Plain
+        ``path/trainer.pt`` (version, optimizer state and steps). Plain
         tensors and numbers only: ``load_state`` reads it with ``torch.load(weights_only=True)``."""
         path = Path(path)
         self.save_checkpoint(path / "policy")
@@ -390,7 +358,6 @@ class PolicyTrainer:
             "backend": b.name,
             "optimizer_steps": b.steps,
             "optimizer": b.optimizer.state_dict(),
-            "generator": self._gen.get_state(),
         }
         torch.save(state, path / "trainer.pt")
 
@@ -413,4 +380,3 @@ class PolicyTrainer:
         b.optimizer.load_state_dict([state["optimizer"]] if b.name == "deepspeed" else state["optimizer"])
         b.steps = int(state["optimizer_steps"])
         self.version = int(state["version"])
-        self._gen.set_state(state["generator"])

@@ -105,7 +105,9 @@ def test_server_advertises_its_node_ip(on_node, host):
         srv.stop(grace=0.2)
 
 
-def test_wildcard_outside_ray_advertises_loopback():
+def test_wildcard_outside_ray_advertises_loopback(monkeypatch):
+    monkeypatch.setattr(hosts, "ray_node_ip", lambda: None)  # no Ray here (another test may have started it)
+    monkeypatch.setattr(hosts, "multi_node", lambda: False)
     srv = GrpcServer(
         [expose(coordinator_pb2_grpc.CoordinatorServiceServicer, FakeCoordinator())], "0.0.0.0", token=TOKEN
     )

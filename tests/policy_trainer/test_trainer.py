@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from services.common.config import TrainerConfig
-from services.policy_trainer.grpo import grpo_loss, token_logprobs
+from services.policy_trainer.grpo import token_logprobs
+from services.policy_trainer.packing import pack_samples
 from services.policy_trainer.trainer import PolicyTrainer, RolloutSample
 from services.rollout_actor.model import ModelConfig, Transformer, init_weights
 
@@ -95,26 +96,12 @@ def test_positive_advantage_raises_logprob_negative_lowers_it():
     assert tr.version == 4
 
 
-def test_mask_covers_response_tokens_only():
-    tr = PolicyTrainer(tiny_model(), cfg())
-    inputs, targets, mask, lengths, adv = tr._build_batch(SAMPLES)
-    # T = longest sequence (3 + 4) - 1 = 6; target j predicts token j + 1
-    assert inputs.shape == targets.shape == mask.shape == (3, 6)
-    assert mask.tolist() == [
-        [0, 0, 1, 1, 1, 1],  # prompt 3 tokens: targets 2..5 are the 4 response tokens
-        [0, 1, 1, 0, 0, 0],  # prompt 2, response 2, then padding
-        [1, 1, 1, 1, 1, 0],  # prompt 1, response 5, then padding
-    ]
-    assert targets[0, 2:].tolist() == [10, 11, 12, 13] and lengths.tolist() == [7 - 1, 4 - 1, 6 - 1]
-    # changing the targets at prompt (and padding) positions does not change the loss
-    model = tr.model
-    logits = model(inputs).logits
-    old = token_logprobs(logits, targets).detach()
-    loss, _ = grpo_loss(token_logprobs(logits, targets), old, adv, mask, 0.2)
-    scrambled = torch.where(mask.bool(), targets, (targets + 17) % 64)
-    assert not torch.equal(scrambled, targets)
-    loss2, _ = grpo_loss(token_logprobs(logits, scrambled), old, adv, mask, 0.2)
-    assert loss2.item() == loss.item()
+def test_only_response_tokens_are_trained():
+    # the packed targets are exactly the response tokens (prompt tokens are never targets), 11 in all
+    (batch,) = pack_samples(SAMPLES, 8)
+    assert batch.targets.tolist() == [10, 11, 12, 13, 20, 21, 30, 31, 32, 33, 34]
+    stats = PolicyTrainer(tiny_model(), cfg()).train_step(SAMPLES)
+    assert stats["tokens"] == 11 and stats["samples"] == 3
 
 
 def test_first_pass_loss_is_token_mean_over_response_tokens():
