@@ -23,7 +23,10 @@ never compete for the cores:
 4. ``rl_step_e2e``: the end-to-end RL step, adaptive system (cold tuner, and tuner started from a 4-step
    run's state) vs speculation off, 2 rounds of runs in ABBA order (``--quick``: 2 steps, 1 round, a 2-step
    tuner warm-up; ``--full``: 3 rounds).
-5. ``cuda_graphs``: decode with and without CUDA graphs; without CUDA it prints ``skipped: no CUDA`` and keeps
+5. ``trace_replay``: real sampled MATH rollouts (Qwen2.5-Math, ``data/traces``) replayed token for token on the
+   tiny shape: plain vs the fixed deterministic drafter arms vs the warm adaptive tuner, A/A control, max batch
+   sizes 1, 8, 32, 128 (``--quick``: 8 problems, batches 1, 8, 32; ``--full``: 5 rounds instead of 3).
+6. ``cuda_graphs``: decode with and without CUDA graphs; without CUDA it prints ``skipped: no CUDA`` and keeps
    a result measured earlier on a GPU, which the summary then shows with the GPU it ran on.
 
 ``summary.md`` concatenates the benchmarks' tables (``rollout_longtail.md``; tables rendered from
@@ -51,6 +54,7 @@ BENCHMARKS = (
     "rollout_longtail",
     "drafter_propose_cost",
     "rl_step_e2e",
+    "trace_replay",
     "cuda_graphs",
 )
 LEARNED_DIR = (
@@ -252,6 +256,9 @@ def write_summary(results: Path, status: dict[str, dict]) -> Path:
     e2e = results / "rl_step_e2e.json"
     if "rl_step_e2e" in status and e2e.is_file():
         parts.append(e2e_markdown(e2e))
+    tr = results / "trace_replay.md"
+    if "trace_replay" in status and tr.is_file():
+        parts.append(tr.read_text())
     cg = results / "cuda_graphs.json"
     if "cuda_graphs" in status and cg.is_file():
         parts.append(cuda_graphs_markdown(cg))
@@ -301,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         if name == "rl_step_e2e":
             extra += ["--pairs", "1", "--warm-tuner-steps", "2"] if args.quick else []
             extra += ["--pairs", "3"] if args.full else []
+        if name == "trace_replay":
+            extra += ["--out-dir", str(results)] + (["--quick"] if args.quick else [])
+            extra += ["--rounds", "5"] if args.full else []
         if name == "cuda_graphs":
             extra += ["--out", str(results / "cuda_graphs.json")]
         if name == "drafter_propose_cost":
