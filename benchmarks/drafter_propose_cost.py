@@ -44,7 +44,7 @@ from services.rollout_actor.speculative.ngram import NgramDrafter
 from services.rollout_actor.speculative.suffix_tree import SuffixTreeDrafter
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = REPO.parent / "shared" / "datasets" / "gsm8k" / "train.jsonl"
+DEFAULT_DATA = REPO / "data" / "gsm8k" / "train.jsonl"
 OUT = REPO / "benchmarks" / "results" / "drafter_propose_cost.json"
 _PIECE = re.compile(r"\d|[A-Za-z]+|\s+|[^\sA-Za-z\d]")
 

@@ -13,7 +13,7 @@ from services.rollout_actor.model import ModelConfig, Transformer, init_weights
 torch.set_num_threads(1)
 
 BASE_POLICY = REPO_ROOT / "services" / "pipeline" / "assets" / "base_policy"
-GSM8K_DIR = REPO_ROOT.parent / "shared" / "datasets" / "gsm8k"
+GSM8K_DIR = REPO_ROOT / "data" / "gsm8k"
 
 
 def tiny_config(**kw) -> ModelConfig:
@@ -47,7 +47,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """One local Ray cluster for the whole session, in its own short temp dir (Unix socket path limits)."""
+    """One local Ray cluster for the whole pytest run, in its own short temp dir (Unix socket path limits)."""
     import shutil
     import tempfile
 

@@ -1,6 +1,6 @@
 """The RL driver: GRPO on GSM8K over a pool of rollout actors and a policy-trainer actor.
 
-One RL step (see ../shared/DESIGN.md, "One RL step"):
+One RL step (see docs/architecture.md, "One RL step"):
 
 1. sample ``trainer.prompts_per_step`` prompts (B) from GSM8K train, ``trainer.group_size`` (G) responses
    each; assign whole groups to rollout actors, predicted-longest first, to the least-loaded actor (LPT);

@@ -24,6 +24,13 @@ Contract
   drafter proposes a chain or tree; all requests are verified in ONE batched target forward (tree attention
   masks); ``speculative.verify.verify_tree`` applies the lossless acceptance rule; rejected KV positions are
   rolled back (only the slot length moves) and an accepted tree path is compacted in place.
+* Trace replay: a request with ``reference`` (token ids) emits exactly that response, then EOS: the target
+  distribution of each of its output positions is replaced by the point mass on the trace's token there, so
+  the coupled rule accepts a deterministic draft token iff it equals the trace's and the bonus token is the
+  trace's next. Drafters, tuner, KV cache, batching, rollback and every forward run and cost what they cost;
+  only the choice of token comes from the trace (benchmarks replay real rollouts through a model of the real
+  shape with random weights). Sampled drafts are not replayable (their acceptance depends on the target
+  distribution, which replay replaces): proposing one for a replay request raises ``ValueError``.
 * Outputs: token ids, per-token logprobs (log-softmax of logits / temperature, before top-k/top-p; raw
   logits at temperature 0), finish reason (``eos`` | ``stop`` | ``length``), per-request timings and
   speculation counters. ``Engine.step_log`` keeps one ``StepRecord`` per decode step (active batch size,
@@ -66,6 +73,7 @@ from services.rollout_actor.speculative.strategy import (
     Strategy,
     StrategyPolicy,
 )
+from services.rollout_actor.speculative.verify import verify_tree
 
 
 @dataclass
@@ -84,6 +92,8 @@ class GenerationRequest:
     prompt_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
     problem_id: str = ""  # responses to the same prompt share it (suffix-tree history, length classes)
+    # trace replay: emit exactly these token ids, then EOS (module docstring); None = sample from the policy
+    reference: list[int] | None = None
 
 
 @dataclass
@@ -136,6 +146,31 @@ class StepRecord:
 
 
 @dataclass
+class VerifyBatch:
+    """One verify forward's inputs: B running requests (slot order), N = the longest draft (0: a plain step).
+
+    Input row 0 of request b is its root (last sampled token, not yet in the KV cache), rows 1..len(draft) its
+    draft nodes, the rest padding (token 0, causal)."""
+
+    rows: list[_Running]  # [B]
+    strategies: list[Strategy]  # [B]
+    drafts: list[DraftTree]  # [B], each with <= N nodes
+    n: int  # N
+    slots: torch.Tensor  # [B] long (device): each request's KV-cache slot
+    base: torch.Tensor  # [B] long (device): committed cache length of each slot
+    id_rows: list[list[int]]  # [B][N+1] input token ids
+    depths: list[list[int]]  # [B][N+1] output-position offset of each input row (root 0, node = its depth)
+    positions: torch.Tensor | None  # [B, N+1] rotary positions (trees only; None: base + arange)
+    mask: torch.Tensor | None  # [B, N+1, N+1] bool attention among the new tokens (trees only; None: causal)
+
+
+def _truncated(d: DraftTree, k: int) -> DraftTree:
+    """The first ``k`` nodes of a draft (a tree again: parents precede their children)."""
+    probs = d.probs[:k] if d.probs is not None else None
+    return DraftTree(d.tokens[:k], d.parents[:k], probs, d.iid_siblings, d.score)
+
+
+@dataclass
 class _Running:
     req: GenerationRequest
     slot: int
@@ -178,6 +213,10 @@ class Engine:
             request (A/B, tests).
         cpu_clock: also record each decode step's process CPU time (``StepRecord.cpu_seconds``; benchmarks on a
             shared machine). Off by default: two more clock reads per step.
+        draft_headroom: KV-cache positions per slot past ``max_seq_len``. A verify step writes the longest
+            draft + 1 positions for every request (padding included), so a request near ``max_seq_len`` next to
+            a batch-mate drafting k tokens needs k + 1 positions beyond its own; drafts longer than the
+            headroom allows are cut for that step (never an overflow).
     """
 
     def __init__(
@@ -197,12 +236,15 @@ class Engine:
         graph_backend: GraphBackend | None = None,
         prefix_sharing: bool = True,
         cpu_clock: bool = False,
+        draft_headroom: int = 64,
     ):
         self.model = model.eval()
         self.cfg = model.config
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
-        self.eos = set(eos_token_ids if eos_token_ids is not None else self.cfg.eos_ids())
+        eos = list(eos_token_ids if eos_token_ids is not None else self.cfg.eos_ids())
+        self.eos = set(eos)
+        self.replay_eos = eos[0] if eos else None  # what a replay request emits after its trace
         self.tokenizer = tokenizer
         self.drafters = dict(drafters or {})
         self.policy = policy or FixedPolicy()
@@ -217,13 +259,15 @@ class Engine:
         if cuda_graphs and self.device.type != "cuda" and graph_backend is None:
             raise ValueError(f"cuda_graphs needs the model on CUDA, it is on {self.device}")
         # with graphs, slot max_batch_size is the scratch slot the padding rows of a batch bucket write to
-        self.cache = model.new_cache(max_batch_size + int(cuda_graphs), max_seq_len)
+        if draft_headroom < 0:
+            raise ValueError(f"draft_headroom must be >= 0, got {draft_headroom}")
+        self.cache = model.new_cache(max_batch_size + int(cuda_graphs), max_seq_len + draft_headroom)
         self.graphed: GraphedForward | None = None
         if cuda_graphs:
             pool = CudaGraphPool(
                 graph_backend or TorchCudaGraphBackend(self.device),
                 batch_buckets=[e for e in DEFAULT_BATCH_BUCKETS if e < max_batch_size] + [max_batch_size],
-                kv_buckets=kv_len_buckets(max_seq_len),
+                kv_buckets=kv_len_buckets(self.cache.max_len),
                 memory_budget_bytes=cuda_graph_memory_bytes,
             )
             self.graphed = GraphedForward(model, self.cache, max_batch_size, pool, self.hidden_layers)
@@ -272,11 +316,15 @@ class Engine:
                 f"request {req.request_id!r}: prompt ({len(req.prompt_ids)}) + max_new_tokens "
                 f"({p.max_new_tokens}) exceeds max_seq_len {self.max_seq_len}"
             )
-        bad = [t for t in req.prompt_ids if not 0 <= t < self.cfg.vocab_size]
+        bad = [t for t in req.prompt_ids + (req.reference or []) if not 0 <= t < self.cfg.vocab_size]
         if bad:
             raise ValueError(
                 f"request {req.request_id!r}: token id {bad[0]} outside the vocabulary "
                 f"(size {self.cfg.vocab_size}); tokenizer and model do not match"
+            )
+        if req.reference is not None and self.replay_eos is None:
+            raise ValueError(
+                f"request {req.request_id!r}: trace replay needs an EOS id (the engine has none)"
             )
         self.waiting.append((req, self.now()))
         for d in self.drafters.values():
@@ -448,6 +496,10 @@ class Engine:
     def _sample_rows(self, logits: torch.Tensor, rows: list[_Running]):
         temp, top_k, top_p = self._params_tensors(rows)
         probs = processed_probs(logits, temp, top_k, top_p)
+        replay = [i for i, r in enumerate(rows) if r.req.reference is not None]
+        if replay:
+            targets = [[self._reference_token(rows[i], len(rows[i].tokens))] for i in replay]
+            self._point_masses(probs.unsqueeze(1), replay, targets)
         u = torch.stack([r.u_pos[len(r.tokens)] for r in rows]).to(self.device)
         tok = sample_from_probs(probs, u)
         lp = self._logprobs(logits, temp).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
@@ -496,169 +548,31 @@ class Engine:
 
     # ------------------------------------------------------------------ decode / speculate
     def _decode_step(self) -> list[RequestOutput]:
+        """One decode step for every running request: propose -> build the verify batch -> one target forward
+        -> verify -> commit. A plain step is the same with empty drafts (a batch of width 1)."""
         c0 = time.process_time() if self.cpu_clock else 0.0
         t0 = time.perf_counter()
         capture0 = self.graphed.pool.stats.capture_seconds if self.graphed is not None else 0.0
         # in slot order: a full batch then occupies consecutive slots and the forward reads the KV cache as a
         # view instead of gathering a copy per layer
         rows = sorted(self.running, key=lambda r: r.slot)
-        b = len(rows)
-        lease = self._lease
-        if lease is not None and not (lease.left > 0 and lease.lo <= b < lease.hi):
-            lease = self._lease = lease.covering(b)  # another of the policy's leases, or none: ask
-        leased = lease is not None
-        if leased:  # a plain step the policy has vouched for (strategy.py: leases): not asked, not told
-            sampled = lease.take()  # a sampled one is timed for the policy too (strategy.py: leases)
-            if sampled:
-                tt0 = time.thread_time()
-            strategies = [OFF] * b
-            drafts = [DraftTree() for _ in rows]
-        else:
-            dreqs = [
-                DraftRequest(
-                    r.req.request_id,
-                    r.req.problem_id,
-                    r.req.prompt_ids + r.tokens,
-                    len(r.req.prompt_ids),
-                    r.hidden,
-                )
-                for r in rows
-            ]
-            strategies = self._policy.choose(dreqs)
-            drafts = self._propose(rows, dreqs, strategies)
+        lease, sampled, strategies, drafts = self._propose_step(rows)
+        tt0 = time.thread_time() if sampled else 0.0
         t_draft = time.perf_counter() - t0
-
-        n = max((len(d) for d in drafts), default=0)
-        dev = self.device
-        slots = torch.tensor([r.slot for r in rows], device=dev)
-        base = self.cache.lengths[slots]
-        # Inputs: the root (last sampled token, not yet cached) then the draft nodes, padded to n + 1.
-        # Chains (and padding) need no explicit mask or positions: causal order is their tree order.
-        id_rows = [[r.root, *d.tokens] + [0] * (n - len(d)) for r, d in zip(rows, drafts)]
-        ids = torch.tensor(id_rows, device=dev)
-        pos = mask = None
-        if any(len(d) > 1 and not d.is_chain() for d in drafts):
-            depth_rows, mask_rows = [], []
-            for d in drafts:
-                depth = [0, *d.depths()] + list(range(len(d) + 1, n + 1))
-                m = [[c == 0 or c == j for c in range(n + 1)] for j in range(n + 1)]
-                for j, par in enumerate(d.parents):
-                    m[j + 1] = [x or y for x, y in zip(m[j + 1], m[par + 1])]
-                for j in range(len(d) + 1, n + 1):  # padding: causal, like a chain
-                    m[j] = [c <= j for c in range(n + 1)]
-                depth_rows.append(depth)
-                mask_rows.append(m)
-            pos = base.unsqueeze(1) + torch.tensor(depth_rows, device=dev)
-            mask = torch.tensor(mask_rows, device=dev)
-        if self.graphed is not None:
-            out = self.graphed(ids, slots, positions=pos, attn_mask=mask)
-        else:
-            out = self.model(
-                ids,
-                positions=pos,
-                cache=self.cache,
-                slots=slots,
-                attn_mask=mask,
-                hidden_layers=self.hidden_layers,
-            )
-        logits = out.logits  # [B, n+1, V]
-        temp, top_k, top_p = self._params_tensors(rows)
-        greedy = temp <= 0
-        probs = processed_probs(
-            logits,
-            temp.view(-1, 1).expand(b, n + 1),
-            top_k.view(-1, 1).expand(b, n + 1),
-            top_p.view(-1, 1).expand(b, n + 1),
-        )
-        if n == 0:
-            u = torch.stack([r.u_pos[len(r.tokens)] for r in rows]).to(dev)
-            nxt = sample_from_probs(probs[:, 0], u).tolist()
-            paths: list[list[int]] = [[] for _ in rows]
-        else:
-            from services.rollout_actor.speculative.verify import verify_tree
-
-            # Deterministic drafts: the uniforms of the positions this step can reach (coupled rule: the
-            # token at position t is drawn with uniform t, as plain decoding draws it). Sampled drafts:
-            # len(draft) + 1 fresh uniforms from the request's generator for the sequential rule. Either way
-            # the count depends on the request alone (verify.py's contract), never on its batch mates.
-            u = torch.zeros(b, n + 1)
-            for i, (r, d) in enumerate(zip(rows, drafts)):
-                k = len(d) + 1
-                if d.probs is None:
-                    seg = r.u_pos[len(r.tokens) : len(r.tokens) + k]
-                    if len(seg) < k:  # a draft past max_new_tokens (drafters get a budget that prevents it)
-                        seg = torch.cat([seg, torch.rand(k - len(seg), generator=r.gen)])
-                    u[i, :k] = seg
-                else:
-                    u[i, :k] = torch.rand(k, generator=r.gen)
-            res = verify_tree(probs, drafts, u, greedy=greedy, coupled=True)
-            nxt, paths = res.next_token.tolist(), res.accepted_nodes
-        # rows (in this step's input) that predicted each committed token: the root, then the accepted nodes
-        rows_idx = [[0] + [p + 1 for p in path] for path in paths]
-        toks = [[d.tokens[p] for p in path] + [nxt[i]] for i, (d, path) in enumerate(zip(drafts, paths))]
-        flat_b = torch.tensor([i for i, ri in enumerate(rows_idx) for _ in ri], device=dev)
-        flat_r = torch.tensor([x for ri in rows_idx for x in ri], device=dev)
-        flat_t = torch.tensor([x for t in toks for x in t], device=dev)
-        lp_flat = self._logprobs(logits[flat_b, flat_r], temp[flat_b]).gather(-1, flat_t.unsqueeze(-1))
-        lp_flat = lp_flat.squeeze(-1).tolist()
-        # KV: keep root + accepted nodes. A path 0, 1, 2, ... is already in place (the common case: only the
-        # length moves); a tree path is compacted into consecutive positions.
-        contiguous = [path == list(range(len(path))) for path in paths]
-        keep = torch.tensor([len(ri) if c else 0 for ri, c in zip(rows_idx, contiguous)], device=dev)
-        self.cache.commit(slots, keep)
-        for r, ri, c in zip(rows, rows_idx, contiguous):
-            if not c:
-                self.cache.keep_path(r.slot, ri)
-        hid = last_hid = None
-        if self.hidden_layers:
-            # each row's state after its last committed token (what the learned drafter reads next), picked
-            # for the whole batch at once: [B, H] (one layer) or [B, k, H], one view per row
-            hs = [out.hidden[layer] for layer in self.hidden_layers]  # each [B, n+1, H]
-            at = (torch.arange(b, device=dev), torch.tensor([ri[-1] for ri in rows_idx], device=dev))
-            picked = [h[at] for h in hs]
-            last_hid = (picked[0] if len(picked) == 1 else torch.stack(picked, 1)).unbind(0)
-            if self.hidden_sink is not None:
-                hid = torch.stack(hs, 2)  # [B, n+1, k, H]
-
-        finished: list[RequestOutput] = []
-        committed_total = drafted_total = accepted_total = 0
-        off = 0
-        for i, (r, d, s) in enumerate(zip(rows, drafts, strategies)):
-            path, ri, tk = paths[i], rows_idx[i], toks[i]
-            lps = lp_flat[off : off + len(tk)]
-            off += len(tk)
-            if last_hid is not None:
-                r.hidden = last_hid[i]
-                if hid is not None:
-                    # committed positions, the token read at each (root, accepted nodes), and the hidden
-                    # state after reading it: EAGLE's (token_t, feature_t) rows, consecutive per request
-                    start = int(base[i])
-                    self.hidden_sink(
-                        r.req.request_id,
-                        list(range(start, start + len(ri))),
-                        [id_rows[i][j] for j in ri],
-                        hid[i, ri],
-                    )
-            if len(d):
-                self._record_spec(r, d, s, len(path))
-            r.timings.decode_steps += 1
-            before = len(r.tokens)
-            self._commit(r, tk, lps)
-            committed_total += len(r.tokens) - before
-            drafted_total += len(d)
-            accepted_total += len(path)
-            for dr in self._drafters_of(s):
-                dr.observe(r.req.request_id, r.tokens[before:])
-            if r.finish_reason:
-                finished.append(self._finish(r))
+        batch = self._build_verify_batch(rows, strategies, drafts)
+        out = self._forward(batch)
+        probs = self._target_probs(batch, out.logits)
+        nxt, paths = self._verify(batch, probs)
+        finished, committed, drafted, accepted = self._commit_step(batch, out, nxt, paths)
         seconds = time.perf_counter() - t0
         cpu = time.process_time() - c0 if self.cpu_clock else None
         captured = self.graphed.pool.stats.capture_seconds - capture0 if self.graphed is not None else 0.0
-        if leased:
+        b = len(rows)
+        if lease is not None:
             arm = OFF.name
             if sampled:
                 lease.samples.append(
-                    LeaseSample(b, committed_total, seconds, time.thread_time() - tt0, captured, lease.left)
+                    LeaseSample(b, committed, seconds, time.thread_time() - tt0, captured, lease.left)
                 )
         else:
             arm = strategies[0].name if len({s.name for s in strategies}) == 1 else "mixed"
@@ -668,22 +582,234 @@ class Engine:
                 seconds,
                 b,
                 arm,
-                committed_total,
-                drafted_total,
-                accepted_total,
+                committed,
+                drafted,
+                accepted,
                 t_draft,
                 captured,
-                leased,
+                lease is not None,
                 cpu,
             )
         )
-        if not leased:
+        if lease is None:
             policy = self._policy
-            policy.observe(
-                StepObservation(b, arm, committed_total, drafted_total, accepted_total, seconds, captured)
-            )
+            policy.observe(StepObservation(b, arm, committed, drafted, accepted, seconds, captured))
             self._lease = getattr(policy, "lease", None)
         return finished
+
+    def _propose_step(
+        self, rows: list[_Running]
+    ) -> tuple[Lease | None, bool, list[Strategy], list[DraftTree]]:
+        """The step's strategies and drafts: under the policy's lease a plain step, not asked (strategy.py:
+        leases; ``sampled``: the lease times this step for the policy); else ``policy.choose`` then propose.
+        Returns (lease or None, sampled, strategies [B], drafts [B])."""
+        b = len(rows)
+        lease = self._lease
+        if lease is not None and not (lease.left > 0 and lease.lo <= b < lease.hi):
+            lease = self._lease = lease.covering(b)  # another of the policy's leases, or none: ask
+        if lease is not None:
+            return lease, lease.take(), [OFF] * b, [DraftTree() for _ in rows]
+        dreqs = [
+            DraftRequest(
+                r.req.request_id,
+                r.req.problem_id,
+                r.req.prompt_ids + r.tokens,
+                len(r.req.prompt_ids),
+                r.hidden,
+            )
+            for r in rows
+        ]
+        strategies = self._policy.choose(dreqs)
+        return None, False, strategies, self._propose(rows, dreqs, strategies)
+
+    def _build_verify_batch(
+        self, rows: list[_Running], strategies: list[Strategy], drafts: list[DraftTree]
+    ) -> VerifyBatch:
+        """Inputs of the verify forward: each row's root (last sampled token, not yet cached) then its draft
+        nodes, padded to the longest draft + 1. Every row writes N + 1 cache positions; the cache has
+        ``draft_headroom`` positions past ``max_seq_len`` for them, and a draft that would still overflow some
+        row's slot is cut to fit (``_fit_drafts``). Chains (and padding) need no mask or positions: causal
+        order is their tree order."""
+        dev = self.device
+        slots = torch.tensor([r.slot for r in rows], device=dev)
+        base = self.cache.lengths[slots]
+        drafts = self._fit_drafts(drafts, base)
+        n = max((len(d) for d in drafts), default=0)
+        for r, d in zip(rows, drafts):
+            if d.probs is not None and r.req.reference is not None:
+                raise ValueError(
+                    f"request {r.req.request_id!r}: trace replay takes deterministic drafts only; a sampled "
+                    "draft's acceptance depends on the target distribution, which replay replaces"
+                )
+        id_rows = [[r.root, *d.tokens] + [0] * (n - len(d)) for r, d in zip(rows, drafts)]
+        depth_rows = [[0, *d.depths()] + list(range(len(d) + 1, n + 1)) for d in drafts]
+        pos = mask = None
+        if any(len(d) > 1 and not d.is_chain() for d in drafts):
+            mask_rows = []
+            for d in drafts:
+                m = [[c == 0 or c == j for c in range(n + 1)] for j in range(n + 1)]
+                for j, par in enumerate(d.parents):
+                    m[j + 1] = [x or y for x, y in zip(m[j + 1], m[par + 1])]
+                for j in range(len(d) + 1, n + 1):  # padding: causal, like a chain
+                    m[j] = [c <= j for c in range(n + 1)]
+                mask_rows.append(m)
+            pos = base.unsqueeze(1) + torch.tensor(depth_rows, device=dev)
+            mask = torch.tensor(mask_rows, device=dev)
+        return VerifyBatch(rows, strategies, drafts, n, slots, base, id_rows, depth_rows, pos, mask)
+
+    def _fit_drafts(self, drafts: list[DraftTree], base: torch.Tensor) -> list[DraftTree]:
+        """Cut drafts so that every row's N + 1 written positions fit its slot (``base [B]``: committed
+        lengths). A tree cut to its first k nodes is still a tree (parents precede children)."""
+        longest = max((len(d) for d in drafts), default=0)
+        if not longest:
+            return drafts
+        room = self.cache.max_len - int(base.max()) - 1
+        if longest <= room:
+            return drafts
+        room = max(0, room)
+        return [d if len(d) <= room else _truncated(d, room) for d in drafts]
+
+    def _forward(self, batch: VerifyBatch):
+        ids = torch.tensor(batch.id_rows, device=self.device)
+        if self.graphed is not None:
+            return self.graphed(ids, batch.slots, positions=batch.positions, attn_mask=batch.mask)
+        return self.model(
+            ids,
+            positions=batch.positions,
+            cache=self.cache,
+            slots=batch.slots,
+            attn_mask=batch.mask,
+            hidden_layers=self.hidden_layers,
+        )
+
+    def _target_probs(self, batch: VerifyBatch, logits: torch.Tensor) -> torch.Tensor:
+        """``[B, N+1, V]`` processed target distribution of every input row (temperature, top-k, top-p); a
+        replay row's is the point mass on its trace's token at that row's output position (module docstring)."""
+        b, n = len(batch.rows), batch.n
+        temp, top_k, top_p = self._params_tensors(batch.rows)
+        probs = processed_probs(
+            logits,
+            temp.view(-1, 1).expand(b, n + 1),
+            top_k.view(-1, 1).expand(b, n + 1),
+            top_p.view(-1, 1).expand(b, n + 1),
+        )
+        replay = [i for i, r in enumerate(batch.rows) if r.req.reference is not None]
+        if replay:
+            targets = [
+                [
+                    self._reference_token(batch.rows[i], len(batch.rows[i].tokens) + dep)
+                    for dep in batch.depths[i]
+                ]
+                for i in replay
+            ]
+            self._point_masses(probs, replay, targets)
+        return probs
+
+    def _verify(self, batch: VerifyBatch, probs: torch.Tensor) -> tuple[list[int], list[list[int]]]:
+        """Apply the lossless acceptance rule. Returns (the token each row samples after its accepted nodes
+        [B], each row's accepted node indices)."""
+        rows, drafts, b = batch.rows, batch.drafts, len(batch.rows)
+        if batch.n == 0:
+            u = torch.stack([r.u_pos[len(r.tokens)] for r in rows]).to(self.device)
+            return sample_from_probs(probs[:, 0], u).tolist(), [[] for _ in rows]
+        # Deterministic drafts: the uniforms of the positions this step can reach (coupled rule: the token at
+        # position t is drawn with uniform t, as plain decoding draws it). Sampled drafts: len(draft) + 1 fresh
+        # uniforms from the request's generator for the sequential rule. Either way the count depends on the
+        # request alone (verify.py's contract), never on its batch mates.
+        u = torch.zeros(b, batch.n + 1)
+        for i, (r, d) in enumerate(zip(rows, drafts)):
+            k = len(d) + 1
+            if d.probs is None:
+                seg = r.u_pos[len(r.tokens) : len(r.tokens) + k]
+                if len(seg) < k:  # a draft past max_new_tokens (drafters get a budget that prevents it)
+                    seg = torch.cat([seg, torch.rand(k - len(seg), generator=r.gen)])
+                u[i, :k] = seg
+            else:
+                u[i, :k] = torch.rand(k, generator=r.gen)
+        greedy = torch.tensor([r.req.params.temperature <= 0 for r in rows])
+        res = verify_tree(probs, drafts, u, greedy=greedy, coupled=True)
+        return res.next_token.tolist(), res.accepted_nodes
+
+    def _commit_step(
+        self, batch: VerifyBatch, out, nxt: list[int], paths: list[list[int]]
+    ) -> tuple[list[RequestOutput], int, int, int]:
+        """Commit each row's accepted nodes and next token: KV (roll back the rest, compact a tree path),
+        logprobs, hidden states, counters, stops. Returns (finished outputs, committed, drafted, accepted)."""
+        rows, drafts, dev = batch.rows, batch.drafts, self.device
+        # rows (in this step's input) that predicted each committed token: the root, then the accepted nodes
+        rows_idx = [[0] + [p + 1 for p in path] for path in paths]
+        toks = [[d.tokens[p] for p in path] + [nxt[i]] for i, (d, path) in enumerate(zip(drafts, paths))]
+        flat_b = torch.tensor([i for i, ri in enumerate(rows_idx) for _ in ri], device=dev)
+        flat_r = torch.tensor([x for ri in rows_idx for x in ri], device=dev)
+        flat_t = torch.tensor([x for t in toks for x in t], device=dev)
+        temp = self._params_tensors(rows)[0]
+        lp_flat = self._logprobs(out.logits[flat_b, flat_r], temp[flat_b]).gather(-1, flat_t.unsqueeze(-1))
+        lp_flat = lp_flat.squeeze(-1).tolist()
+        # KV: keep root + accepted nodes. A path 0, 1, 2, ... is already in place (the common case: only the
+        # length moves); a tree path is compacted into consecutive positions.
+        contiguous = [path == list(range(len(path))) for path in paths]
+        keep = torch.tensor([len(ri) if c else 0 for ri, c in zip(rows_idx, contiguous)], device=dev)
+        self.cache.commit(batch.slots, keep)
+        for r, ri, c in zip(rows, rows_idx, contiguous):
+            if not c:
+                self.cache.keep_path(r.slot, ri)
+        hid = last_hid = None
+        if self.hidden_layers:
+            # each row's state after its last committed token (what the learned drafter reads next), picked
+            # for the whole batch at once: [B, H] (one layer) or [B, k, H], one view per row
+            hs = [out.hidden[layer] for layer in self.hidden_layers]  # each [B, n+1, H]
+            at = (torch.arange(len(rows), device=dev), torch.tensor([ri[-1] for ri in rows_idx], device=dev))
+            picked = [h[at] for h in hs]
+            last_hid = (picked[0] if len(picked) == 1 else torch.stack(picked, 1)).unbind(0)
+            if self.hidden_sink is not None:
+                hid = torch.stack(hs, 2)  # [B, n+1, k, H]
+        finished: list[RequestOutput] = []
+        committed = drafted = accepted = off = 0
+        for i, (r, d, s) in enumerate(zip(rows, drafts, batch.strategies)):
+            path, ri, tk = paths[i], rows_idx[i], toks[i]
+            lps = lp_flat[off : off + len(tk)]
+            off += len(tk)
+            if last_hid is not None:
+                r.hidden = last_hid[i]
+                if hid is not None:
+                    # committed positions, the token read at each (root, accepted nodes), and the hidden
+                    # state after reading it: EAGLE's (token_t, feature_t) rows, consecutive per request
+                    start = int(batch.base[i])
+                    self.hidden_sink(
+                        r.req.request_id,
+                        list(range(start, start + len(ri))),
+                        [batch.id_rows[i][j] for j in ri],
+                        hid[i, ri],
+                    )
+            if len(d):
+                self._record_spec(r, d, s, len(path))
+            r.timings.decode_steps += 1
+            before = len(r.tokens)
+            self._commit(r, tk, lps)
+            committed += len(r.tokens) - before
+            drafted += len(d)
+            accepted += len(path)
+            for dr in self._drafters_of(s):
+                dr.observe(r.req.request_id, r.tokens[before:])
+            if r.finish_reason:
+                finished.append(self._finish(r))
+        return finished, committed, drafted, accepted
+
+    def _reference_token(self, r: _Running, t: int) -> int:
+        """The token a replay request emits at output position ``t``: its trace's, then EOS."""
+        ref = r.req.reference
+        return ref[t] if t < len(ref) else self.replay_eos
+
+    def _point_masses(self, probs: torch.Tensor, rows: list[int], targets: list[list[int]]) -> None:
+        """In place: ``probs[rows[j], k]`` := the point mass on ``targets[j][k]`` (``probs [B, R, V]``)."""
+        idx_b = [i for i, tg in zip(rows, targets) for _ in tg]
+        idx_r = [k for tg in targets for k in range(len(tg))]
+        idx_t = [x for tg in targets for x in tg]
+        dev = probs.device
+        probs[torch.tensor(rows, device=dev)] = 0
+        probs[
+            torch.tensor(idx_b, device=dev), torch.tensor(idx_r, device=dev), torch.tensor(idx_t, device=dev)
+        ] = 1
 
     def _drafters_of(self, s: Strategy) -> list[Drafter]:
         if s.is_off:

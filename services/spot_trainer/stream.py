@@ -1,8 +1,8 @@
 """Hidden-state stream from the rollout actors to the spot trainer's buffer over ZeroMQ (PUSH/PULL).
 
-Bulk tensors never go through gRPC (DESIGN.md, "Control plane and data plane"): each rollout actor owns a
-``HiddenStateSender`` (PUSH, connects) and the spot trainer one ``HiddenStateReceiver`` (PULL, binds) that
-feeds a ``HiddenStateBuffer``.
+Bulk tensors never go through gRPC (docs/architecture.md, "Control plane and data plane"): each rollout actor
+owns a ``HiddenStateSender`` (PUSH, connects) and the spot trainer one ``HiddenStateReceiver`` (PULL, binds)
+that feeds a ``HiddenStateBuffer``.
 
 Wire format (one multipart message per frame)
 ---------------------------------------------

@@ -147,7 +147,7 @@ as fast as off: ``_free``) (``TablePolicy``, "Regret ledger"). The prices above 
 ledger bounds what is actually spent (batch 64 on the long-tail benchmark, lock step: probes and exploration
 6-7.5% of the rollout before, 0.5-2% with it at a 1% budget). On the distributed simulation of
 ``tests/tuner/test_bandit_sim.py`` (seeds 5-16) the time over the oracle's went from 4.1% to 2.5% (1%
-budget), 2.2% (0.5%) and 2.4% (0.2%, the default until session 16; 0.25% and 0.1%: 2.2% and 2.0%, so no
+budget), 2.2% (0.5%) and 2.4% (0.2%; 0.25% and 0.1%: 2.2% and 2.0%, so no
 trend below 1%); batch 1's best is found in 11 or 12 of 12 seeds at each of these budgets. What the budget
 costs where off is the best arm: on the long-tail benchmark's lock step (8 rounds, plain / A/A / adaptive
 side by side), the adaptive rollouts' drafting steps cost 0.41 / 0.73 /
@@ -161,7 +161,7 @@ to rollout by a log-normal factor, sigma 0.35; 24 seeds, rollouts 5-12): speed v
 balance per arm and free arms 1.110 / 1.042 / 1.010 / 1.007 (0.998 / 0.999 / 1.000 / 1.001 with every
 drafter's acceptance at 0.55x, where off is the best everywhere), while the distributed simulation above
 went from 2.1% to 3.0% over the oracle, batch 1's best found in 12 of 12 seeds (each actor's first probe of
-each arm is no longer serialized behind the others). 0.1% (the default since session 16: in the benchmark's
+each arm is no longer serialized behind the others). 0.1% (the default: in the benchmark's
 never-worse rounds, where off is the best arm, the drafting steps still cost 0.2-0.45% at batch 1-16 with
 0.2%): the same simulation (16 seeds, rollouts 5-12) 1.133 / 1.024 / 1.008 / 1.004 (0.2%: 1.110 / 1.042 /
 1.010 / 1.007), weak drafters 0.998 / 0.999 / 1.000 / 1.000; batch 1's gain (>= 1.05) found in 9 of 16

@@ -17,7 +17,7 @@ Which seconds (``clock``):
   waited for a core: on an oversubscribed machine (other processes, other actors) wall time adds noise that
   has nothing to do with the arm, and the bandit then mistakes a busy neighbour for a slow arm. Why the choice
   counts for a drafting step: on the long-tail benchmark at batch 1 it is ~25-60 us of cold Python, 2-5% of a
-  decode step; left out (before session 17), ``ngram-k3`` (0.86x of off per token as played in the never-worse
+  decode step; left out, ``ngram-k3`` (0.86x of off per token as played in the never-worse
   rounds) was estimated at 0.95x, close enough to off to be explored freely at ~2% of the steps.
 - ``"engine"``: the wall time the engine measured (``StepObservation.seconds``). Needed when the model runs on
   an accelerator (the CPU thread only launches kernels and waits), and when a caller substitutes modeled
@@ -35,7 +35,7 @@ the ledger lets play, drawn at once (geometric, the same law as drawing each ste
 holds back is a greedy step like the others); none while its best is a drafting arm or a probe is due. Those
 steps are quiet: the policy is not asked about them. The engine plays them under its ``lease`` (a ``Lease``
 over the run's bucket, ``speculative/strategy.py``), so they cost what plain decoding costs (the two calls per
-step were ~0.3% of a batch-1 step: quiet steps ran at 1.003x plain's in session 16); a caller that ignores
+step are ~0.3% of a batch-1 step: quiet steps run at 1.003x plain's in benchmarks); a caller that ignores
 leases calls ``choose``, which plays them itself, the same way. The run is the bucket's, whatever the batch
 sizes in it (in the long tail the active batch size changes every few steps: one measured step per batch size
 made 22% of a batch-64 rollout's steps measured). An exploration starts a run too, so the step after it need
@@ -46,7 +46,7 @@ bucket below it without a run gets one where its next steps are certain to be of
 the same draw as at its own deciding step, made ahead), and the engine plays a step under whichever run covers
 its batch size (``Lease.chain``). A rollout's batch size falls through the buckets below in its long tail; each
 bucket it entered used to cost a deciding step (1.03-1.08x a plain step, ~5 per batch-16 rollout, ~0.12% of its
-decode time at batch 16 in 30 never-worse rounds); now a rollout at batch 4-64 has ~1 (session 18). A run
+decode time at batch 16 in 30 never-worse rounds); with the planning a rollout at batch 4-64 has ~1. A run
 outlives the batch size leaving its bucket; the unplayed steps of runs not reached before a drain are dropped
 (``drain_choices`` counts the played ones).
 
@@ -61,11 +61,11 @@ CPU time as the engine played it, the policy's own Python left out, because that
 cost. Why not the step that decided the run: that one runs the policy's Python with the caches cold (below)
 and its forward pass is slower after it, so its time overstated off's per-step cost by ~7% at batch 1, while a
 drafting arm's ~1.4x longer step carries the same absolute overhead: off looked ~2% slower than it is next to
-the arms, and in two of session 16's benchmark runs the tuner promoted ``ngram-k3`` (0.92-0.97x of off in lock
+the arms, and in two benchmark runs the tuner promoted ``ngram-k3`` (0.92-0.97x of off in lock
 step) at batch 1 for one to three whole rollouts. The slowdown lasts a few steps: with leases, the run's first
 three quiet steps ran 1.3-2.2% slower than plain's at batch 1 (the fourth on, 0.999x), and a sample at the
-run's first step 1.024x; after three quiet steps, 0.993x (session 17, per-step timing of 8 never-worse rounds).
-Why samples under the lease, ``run_samples`` per run (session 18): with the sample a step the policy was
+run's first step 1.024x; after three quiet steps, 0.993x (per-step timing of 8 never-worse rounds).
+Why samples under the lease, ``run_samples`` per run: with the sample a step the policy was
 asked about, a run of 64 cost two such steps (3-6% of the off steps in the never-worse rounds, 1.03-1.07x a
 plain step each at batch 1-16, ~0.1-0.3% of decode time). Now, with the runs planned below (above),
 0.4-0.5% of the off steps are asked about at every batch size; the deciding step, which also hands the run's
@@ -75,12 +75,12 @@ steps (1.25x a plain step each, ~0.1% of its decode time); with 16, ~1.4 (its st
 which end a run whatever its length). A table update or a drain ends the runs anyway, and a longer run only
 delays the ledger's credit for its off steps (an arm in debt waits longer to explore: the safe side).
 
-What that buys, measured with per-phase timing of every step in the long-tail benchmark's never-worse rounds
-(session 16): with the caches cold from the forward pass, a measured step cost ~60 us of choosing, ~30 us of
+What that buys, measured with per-phase timing of every step in the long-tail benchmark's never-worse rounds,
+per phase: with the caches cold from the forward pass, a measured step cost ~60 us of choosing, ~30 us of
 recording and a forward pass 20-120 us slower after it (a thread-clock read and a few dozen lines of Python
 before a forward slowed it by ~1-1.5% in a separate test), ~7-9% of a 1.4-2.3 ms decode step of the
 benchmark's small model at batch 1-4; a quiet step ~1.5 us (~0.1%). Off's reward needs no sample from every
-step to be known. Why 64: in 8 lock-step rounds at batch 1 (session 14) the tuned policy on a settled all-off
+step to be known. Why 64: in 8 lock-step rounds at batch 1 the tuned policy on a settled all-off
 table ran at 0.9972 +- 0.0009 of a fixed off policy with the same drafters attached with one measured step in
 8, and at 0.9998 +- 0.0013 with one in 32; with the runs above, 128 (tried) left off with so few samples that
 in one of 8 rounds the tuner promoted ``ngram-k3`` at batch 1 (a 0.97x arm) for a whole rollout.

@@ -26,7 +26,7 @@ def test_without_cuda_a_skip_keeps_a_measured_result(tmp_path, capsys):
 
 def test_summary_table_names_the_gpu_and_every_row(tmp_path):
     d = json.loads(MEASURED.read_text())
-    assert d["skipped"] is False  # the committed result was measured (session 15, an H200)
+    assert d["skipped"] is False  # the committed result was measured (on an H200)
     md = cuda_graphs_markdown(MEASURED)
     assert d["gpu"] in md
     rows = [line for line in md.splitlines() if line.startswith("| ") and "x |" in line]

@@ -1,5 +1,5 @@
 """The Helm chart (helm/tailspec): `helm lint` and `helm template` pass, and the rendered RayJob validates against
-the KubeRay CRD's openAPIV3Schema (../shared/kuberay/crds), with GPUs on and off.
+the KubeRay CRD's openAPIV3Schema (vendored in deploy/kuberay/crds), with GPUs on and off.
 
 Validation is stricter than the API server's default: unknown fields are errors (like `kubectl
 --validate=strict`), not silently pruned. The CRD's CEL rules (x-kubernetes-validations) are not evaluated.
@@ -20,7 +20,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "tailspec"
-CRDS = REPO.parent / "shared" / "kuberay" / "crds"
+CRDS = REPO / "deploy" / "kuberay" / "crds"
 
 
 def _helm() -> str | None:

@@ -1,4 +1,4 @@
-"""The main job on a real (session-scoped) Ray cluster: rollout actors and the trainer are Ray actors."""
+"""The main job on a real Ray cluster (one per pytest run): rollout actors and the trainer are Ray actors."""
 
 import json
 

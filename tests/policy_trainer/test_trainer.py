@@ -180,7 +180,7 @@ def test_bad_inputs():
 
 
 # DeepSpeed runs in a subprocess: it initializes a torch.distributed group and sets MASTER_ADDR/PORT, RANK,
-# WORLD_SIZE, LOCAL_RANK in the environment, which must not leak into the other tests of the session.
+# WORLD_SIZE, LOCAL_RANK in the environment, which must not leak into the other tests of the run.
 _DS_SCRIPT = textwrap.dedent(
     """
     import json, sys, time

@@ -23,7 +23,7 @@ A lease may also ask for samples of the plain steps it covers (``sample_in``, ``
 (``Lease.take``) times each such step and appends a ``LeaseSample`` to ``Lease.samples``, which the policy
 reads when it is next asked. Off's cost is then measured on steps played exactly as the other leased ones,
 and the policy is asked about one step per lease, not two (a step the policy is asked about costs more than
-its Python: its forward pass runs slower after it, session 17).
+its Python: its forward pass runs slower after it).
 """
 
 from __future__ import annotations
