@@ -25,7 +25,7 @@ never compete for the cores:
    tuner warm-up; ``--full``: 3 rounds).
 5. ``trace_replay``: real sampled MATH rollouts (Qwen2.5-Math, ``data/traces``) replayed token for token on the
    tiny shape: plain vs the fixed deterministic drafter arms vs the warm adaptive tuner, A/A control, max batch
-   sizes 1, 8, 32, 128 (``--quick``: 8 problems, batches 1, 8, 32; ``--full``: 5 rounds instead of 3).
+   sizes 1, 8, 32, 128 (``--quick``: 8 problems, batches 8, 32; ``--full``: 5 rounds instead of 3).
 6. ``cuda_graphs``: decode with and without CUDA graphs; without CUDA it prints ``skipped: no CUDA`` and keeps
    a result measured earlier on a GPU, which the summary then shows with the GPU it ran on.
 

@@ -3,13 +3,14 @@
 Run from the repository root::
 
     python -m benchmarks.trace_replay [--quick] [--shapes tiny,qwen2.5-0.5b] [--batches 1,8,32,128]
-                                      [--device cpu|cuda] [--problems 50] [--rounds 3]
+                                      [--device cpu|cuda] [--problems 40] [--warm-problems 10] [--rounds 3]
 
 For each shape (``services/rollout_actor/shapes.py``: the embedded ``tiny`` policy, or Qwen2.5 / Llama-3.1
 sizes with random weights) and max batch size (continuous batching), the engine replays the recorded responses
 of ``data/traces/qwen25-math-math-cot`` (``workload.py``: epoch 0 = history, epoch 1 measured, 4 responses per
-problem submitted together) under plain decoding, every fixed deterministic drafter arm, the warm adaptive
-tuner, and ``plain-again`` (the A/A control), all in this one process, in interleaved rounds (round r runs every
+problem submitted together) under plain decoding, every fixed deterministic drafter arm, the adaptive tuner
+(warmed up on the next ``--warm-problems`` problems of the file and the history epoch: ``runner.py``), and
+``plain-again`` (the A/A control), all in this one process, in interleaved rounds (round r runs every
 configuration once, in the order rotated by r: ABC, BCA, ...). Every output is checked to equal its trace.
 
 Reported per configuration (``report.py``): makespan (s), the long-tail phase (decode steps with <= 8 active
@@ -18,7 +19,9 @@ draft position, speedups vs plain (paired per round, median). ``headline``: one 
 batch). Writes ``benchmarks/results/trace_replay.{json,md,png}`` (``--out-dir``, ``--name``), rewritten after
 every (shape, batch) so a long run keeps what it measured.
 
-``--quick``: the ``tiny`` shape on CPU, 8 problems, batches 1, 8, 32, 2 rounds, one warm-up pass (~4 min).
+``--quick``: the ``tiny`` shape on CPU, 8 problems (4 to warm up), max batch 8 and 32, the arms ``QUICK_ARMS``,
+2 rounds (~2-3 min on an idle 2-core machine). Batch 1 is left out there: it decodes all 16k tokens one step
+at a time in each of ~12 runs.
 ``--device cuda``: default shapes Qwen2.5-1.5B and Qwen2.5-7B in bf16 (the engine replays CUDA graphs). No Ray
 is imported (the engine, drafters and tuner policy run in this process).
 """
@@ -53,14 +56,19 @@ def _names(s: str) -> list[str]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny shape, 8 problems, batches 1,8,32, 2 rounds")
+    ap.add_argument(
+        "--quick", action="store_true", help="tiny shape, 8 problems, batches 8,32, 3 arms, 2 rounds"
+    )
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--shapes", type=_names, default=None, help=f"comma list of {', '.join(SHAPES)}")
     ap.add_argument("--batches", type=_ints, default=None, help="max batch sizes (default 1,8,32,128)")
-    ap.add_argument("--problems", type=int, default=None, help="first N trace problems (default all 50)")
+    ap.add_argument("--problems", type=int, default=None, help="measure the first N problems (default 40)")
+    ap.add_argument(
+        "--warm-problems", type=int, default=None, help="the next N problems warm the tuner up (default 10)"
+    )
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3)")
     ap.add_argument("--arms", type=_names, default=None, help="fixed arms (default: all of FIXED_ARMS)")
-    ap.add_argument("--warm-passes", type=int, default=None, help="adaptive warm-up passes (default 2)")
+    ap.add_argument("--warm-passes", type=int, default=1, help="passes over the warm-up problems")
     ap.add_argument("--longtail-batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1, help="torch threads on CPU")
     ap.add_argument("--seed", type=int, default=0)
@@ -76,10 +84,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bad = [s for s in a.shapes if s not in SHAPES]
     if bad:
         ap.error(f"unknown shape(s) {bad}; known: {', '.join(SHAPES)}")
-    a.batches = a.batches or ([1, 8, 32] if a.quick else [1, 8, 32, 128])
-    a.problems = a.problems or (8 if a.quick else 50)
+    a.batches = a.batches or ([8, 32] if a.quick else [1, 8, 32, 128])
+    a.problems = a.problems or (8 if a.quick else 40)
+    if a.warm_problems is None:
+        a.warm_problems = 4 if a.quick else 10
+    if a.problems < 1 or a.warm_problems < 0 or a.problems + a.warm_problems > workload.NUM_PROBLEMS:
+        ap.error(f"--problems + --warm-problems must be <= {workload.NUM_PROBLEMS} (and --problems >= 1)")
     a.rounds = a.rounds or (2 if a.quick else 3)
-    a.warm_passes = a.warm_passes or (1 if a.quick else 2)
     a.arms = a.arms or (list(QUICK_ARMS) if a.quick else None)
     try:
         a.configs = all_configs(a.arms)
@@ -98,7 +109,8 @@ def run(args: argparse.Namespace) -> dict:
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
     dev_name = device_name(args.device)
-    rows = workload.load_rows(problems=args.problems)
+    all_rows = workload.load_rows(problems=args.problems + args.warm_problems)
+    rows, warm_rows = all_rows[: args.problems], all_rows[args.problems :]
     result: dict = {
         "device": dev_name,
         "machine": describe_machine(),
@@ -108,6 +120,7 @@ def run(args: argparse.Namespace) -> dict:
         "workload": {
             "traces": str(workload.TRACES.relative_to(REPO)),
             "problems": len(rows),
+            "warm_problems": len(warm_rows),
             "group": workload.GROUP,
             "history_epoch": workload.HISTORY_EPOCH,
             "measured_epoch": workload.MEASURED_EPOCH,
@@ -127,6 +140,7 @@ def run(args: argparse.Namespace) -> dict:
         model = build_model(shape, args.device, seed=args.seed)
         tok = load_tokenizer(shape)
         problems = workload.tokenize(rows, tok, cfg.vocab_size, cfg.eos_ids())
+        warm_problems = workload.tokenize(warm_rows, tok, cfg.vocab_size, cfg.eos_ids())
         desc = workload.describe(problems, workload.MEASURED_EPOCH)
         print(
             f"[trace_replay] {shape} on {dev_name}: {model.num_parameters() / 1e6:.1f}M params, "
@@ -135,11 +149,12 @@ def run(args: argparse.Namespace) -> dict:
             flush=True,
         )
         for batch in args.batches:
-            bench = ReplayBench(model, problems, batch, args.longtail_batch, seed=args.seed)
+            bench = ReplayBench(model, problems, batch, args.longtail_batch, args.seed, warm_problems)
             warm = bench.warm(args.warm_passes)
             print(
-                f"[trace_replay]   b={batch}: warm-up {warm['passes']} pass(es) {warm['seconds']:.1f}s, "
-                f"exact {warm['exact']}/{warm['requests']}",
+                f"[trace_replay]   b={batch}: warm-up ({warm['warm_problems']} other problems x 2 epochs x "
+                f"{warm['passes']}, then the history epoch) {warm['seconds']:.1f}s, exact history "
+                f"{warm['exact']}/{warm['history_requests']}",
                 flush=True,
             )
             runs = []

@@ -130,6 +130,13 @@ def _f(x, fmt="{:.2f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
+def _machine(result: dict) -> str:
+    m = result.get("machine") or {}
+    if result["device"] != "cpu" or not m:
+        return ""
+    return f" ({m.get('cpu_model')}, load average {m.get('load_average_1_5_15')} at the start)"
+
+
 def write_markdown(result: dict, path: Path) -> str:
     """The headline table and, per (shape, batch), every configuration's row. Returns the text."""
     w = result["workload"]
@@ -138,11 +145,13 @@ def write_markdown(result: dict, path: Path) -> str:
         "",
         f"Real Qwen2.5-Math MATH rollouts replayed token for token (`GenerationRequest.reference`) on model shapes "
         f"with random weights: {w['problems']} problems, epoch {w['measured_epoch']} measured ({w['group']} "
-        f"responses per problem, all submitted together), epoch {w['history_epoch']} as history; "
+        f"responses per problem, all submitted together), epoch {w['history_epoch']} as history; the adaptive "
+        f"tuner warmed up on {w.get('warm_problems', 0)} other problems (both epochs) and the history epoch; "
         f"{result['settings']['rounds']} interleaved rounds; long tail = steps with <= "
         f"{result['settings']['longtail_batch']} active requests. Speedups: paired medians vs plain; "
         "A/A = |1 - plain/plain-again|, largest over rounds. Device: "
-        f"{result['device']}.",
+        f"{result['device']}{_machine(result)}."
+        + (" `--quick` run." if result["settings"].get("quick") else ""),
         "",
         "| shape | batch | best fixed arm | long-tail x (best fixed) | long-tail x (adaptive) "
         "| makespan x (adaptive) | tau (best) | A/A spread | replay exact |",

@@ -7,10 +7,10 @@ replays graphs captured once (a capture's seconds are taken out of the step that
 Configurations: ``plain`` (speculation off), ``plain-again`` (a second plain run: the A/A control), each fixed
 deterministic arm of ``FIXED_ARMS`` (suffix chains k4/k8/k12, a suffix tree k16 w2 d8, n-gram k3/k5: the arms of
 ``benchmarks/rollout_longtail.py``), and ``adaptive`` (the tuner: ``TunedStrategyPolicy`` over a
-``TunerService`` table of the shipped arms whose drafters are replayable, with length-aware budgets), warm:
-before the measured runs it decodes the history epoch ``warm_passes`` times (from empty drafters each time, as
-the first epoch sees them) and its observations are merged into the tuner after every run, measured runs
-included (the table persists across RL steps in a real run). The learned drafter and ``hybrid`` are left out:
+``TunerService`` table of the shipped arms whose drafters are replayable, with length-aware budgets), warm
+(``ReplayBench.warm``): before the measured runs it decodes both epochs of other problems of the trace file and
+the measured problems' history epoch, and its observations are merged into the tuner after every run, measured
+runs included (the table persists across RL steps in a real run). The learned drafter and ``hybrid`` are left out:
 their drafts are sampled at temperature > 0, which trace replay cannot verify (the engine raises).
 
 Every run starts from the same drafter state: the suffix drafter holds the history epoch's responses (their
@@ -122,6 +122,7 @@ class ReplayBench:
         batch: max batch size (KV slots).
         longtail_batch: a decode step with at most this many active requests is in the long-tail phase.
         seed: the adaptive policy's seed.
+        warm_problems: other problems, for the adaptive policy's warm-up (``warm``).
     """
 
     def __init__(
@@ -131,12 +132,19 @@ class ReplayBench:
         batch: int,
         longtail_batch: int = 8,
         seed: int = 0,
+        warm_problems: Sequence[TraceProblem] = (),
     ):
         self.problems = list(problems)
+        self.warm_problems = list(warm_problems)
         self.batch = batch
         self.longtail_batch = longtail_batch
         self.seed = seed
-        self.engine = Engine(model, max_batch_size=batch, max_seq_len=max_seq_len(problems), cpu_clock=True)
+        self.engine = Engine(
+            model,
+            max_batch_size=batch,
+            max_seq_len=max_seq_len(self.problems + self.warm_problems),
+            cpu_clock=True,
+        )
         self.suffix_state: dict | None = None
         self.history_lengths: list[tuple[str, int]] = []
         self.tuner = None
@@ -159,31 +167,46 @@ class ReplayBench:
         return len(obs)
 
     def warm(self, passes: int = 1) -> dict:
-        """Decode the history epoch ``passes`` times with the adaptive policy (empty drafters each pass), merging
-        its observations into the tuner after each; then keep the suffix drafter's state (the history epoch's
-        responses) and the responses' lengths (the length classes). Returns what it did, with seconds."""
+        """Warm the adaptive policy up as a long run would have, and record the drafters' history.
+
+        1. ``passes`` times, on the ``warm_problems`` (other than the measured ones; may be none): their
+           history epoch, then their measured epoch drafting with that history (fresh drafters each pass);
+        2. once, the measured problems' history epoch (from fresh drafters: the RL step before the measured
+           one); the suffix drafter's state after it (those responses in its problem and global tries) and the
+           responses' lengths (the length classes) are what every measured run starts from.
+
+        Everything runs under the adaptive policy, its observations merged into the tuner after every rollout,
+        so its table has seen drafting with and without a history. Returns what it did, with seconds."""
         from services.tuner.policy import TunedStrategyPolicy
         from services.tuner.service import TunerService
 
         self.tuner = TunerService(available_drafters=DRAFTERS)
         self.adaptive = TunedStrategyPolicy(self.tuner.table(), seed=self.seed)
         t0 = time.perf_counter()
-        ds: dict = {}
-        exact = 0
-        reqs = requests(self.problems, HISTORY_EPOCH)
-        for _ in range(max(1, passes)):
+        warm_problems, warm_reqs = self.warm_problems, 0
+        for _ in range(max(1, passes) if warm_problems else 0):
             ds = build_drafters(names=DRAFTERS)
-            outs = self._generate(reqs, ds, self.adaptive)[0]
-            exact = sum(replay_exact(o, r, self.engine.eos) for o, r in zip(outs, reqs))
-            self._learn()
+            for epoch in (HISTORY_EPOCH, MEASURED_EPOCH):
+                reqs = requests(warm_problems, epoch)
+                outs = self._generate(reqs, ds, self.adaptive)[0]
+                self.adaptive.record_lengths([(o.problem_id, len(o.token_ids)) for o in outs])
+                self._learn()
+                ds["suffix"].new_step(epoch + 1)
+                warm_reqs += len(reqs)
+        ds = build_drafters(names=DRAFTERS)
+        reqs = requests(self.problems, HISTORY_EPOCH)
+        outs = self._generate(reqs, ds, self.adaptive)[0]
+        self._learn()
         self.adaptive.drain_choices()
         self.suffix_state = ds["suffix"].state_dict()
         self.history_lengths = [(o.problem_id, len(o.token_ids)) for o in outs]
         self.adaptive.record_lengths(self.history_lengths)
         return {
-            "passes": max(1, passes),
-            "requests": len(reqs),
-            "exact": exact,
+            "passes": max(1, passes) if warm_problems else 0,
+            "warm_problems": len(warm_problems),
+            "warm_requests": warm_reqs,
+            "history_requests": len(reqs),
+            "exact": sum(replay_exact(o, r, self.engine.eos) for o, r in zip(outs, reqs)),
             "seconds": time.perf_counter() - t0,
         }
 

@@ -26,6 +26,7 @@ from services.rollout_actor.engine import GenerationRequest, SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]
 TRACES = REPO / "data" / "traces" / "qwen25-math-math-cot" / "math_cot_50.jsonl"
+NUM_PROBLEMS = 50  # rows of TRACES
 GROUP = 4  # responses per problem per epoch
 EPOCHS = 2  # 8 responses = 2 epochs of GROUP
 HISTORY_EPOCH, MEASURED_EPOCH = 0, 1

@@ -24,7 +24,7 @@ ARMS = ["suffix-k8", "ngram-k3"]
 def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("trace_replay")
     argv = ["--shapes", "tiny", "--problems", "2", "--batches", "1,8", "--rounds", "1"]
-    argv += ["--arms", ",".join(ARMS), "--warm-passes", "1", "--out-dir", str(out)]
+    argv += ["--arms", ",".join(ARMS), "--warm-problems", "1", "--out-dir", str(out)]
     return main(argv), out
 
 
