@@ -23,7 +23,7 @@ configurations; the order rotates each repetition), medians over repetitions:
 
 * tailspec engine: ``plain`` (speculation off); fixed arms ``suffix-k4/k8/k12`` (chains),
   ``suffix-tree-k16w2d8``, ``ngram-k3/k5``; ``learned-k4`` when ``--learned DIR`` names an EAGLE checkpoint
-  (else skipped with the reason); ``adaptive``: the tuner (``TunedStrategyPolicy`` over a ``TunerService``
+  (else skipped with the reason); ``adaptive``: the tuner (``StrategySelector`` over a ``TunerService``
   table, default arms and length-aware budgets) in its steady state. As in ``make run``, the learned drafter's
   arms enter its table only when the head's spot-trainer top-1 (``tailspec_spot.json`` beside the checkpoint,
   written by ``spot_training_effect --export-drafter``) reaches ``--learned-min-top1`` (default: the run
@@ -133,7 +133,7 @@ import torch
 from benchmarks.machine import describe_machine, measure_memory_bandwidth
 from services.rollout_actor.engine import Engine, GenerationRequest, RequestOutput, SamplingParams, StepRecord
 from services.rollout_actor.model import Transformer
-from services.rollout_actor.speculative.strategy import FixedPolicy, Strategy
+from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy
 from services.rollout_actor.worker import build_drafters
 from services.tuner.bandit import gate_table
 
@@ -388,7 +388,7 @@ class TailspecRunner:
     def build_history(self, workload: Workload, sampling: dict, seed: int) -> dict:
         """Decode the history prompts once (plain) and keep the suffix drafter's state and the lengths."""
         ds = build_drafters(names=("suffix",))
-        eng = Engine(self.model, workload.batch_size, self.max_seq_len, drafters=ds, policy=FixedPolicy())
+        eng = Engine(self.model, workload.batch_size, self.max_seq_len, drafters=ds, selector=FixedStrategy())
         t = time.perf_counter()
         outs = eng.generate(workload.requests(sampling, seed))
         self.suffix_state = ds["suffix"].state_dict()
@@ -404,11 +404,11 @@ class TailspecRunner:
 
     def new_adaptive(self, seed: int):
         """A fresh tuner (nothing learned) and the rollout actor's policy over its table."""
-        from services.tuner.policy import TunedStrategyPolicy
+        from services.tuner.selector import StrategySelector
         from services.tuner.service import TunerService
 
         tuner = TunerService(available_drafters=self.drafter_names)
-        policy = TunedStrategyPolicy(gate_table(tuner.table(), self.gated), seed=seed)
+        policy = StrategySelector(gate_table(tuner.table(), self.gated), seed=seed)
         if self.history_lengths:
             policy.record_lengths(self.history_lengths)
         return tuner, policy
@@ -432,14 +432,14 @@ class TailspecRunner:
         plain = config in (PLAIN, PLAIN_AGAIN)
         drafters = {} if plain else self.fresh_drafters(own_learned)
         if plain:
-            policy = FixedPolicy()
+            policy = FixedStrategy()
         elif config in (ADAPTIVE, ADAPTIVE_COLD):
             policy = self.adaptive if config == ADAPTIVE else self.new_adaptive(self.seed + 1 + rep)[1]
             # a gated drafter is not in the table: not attached, so the engine keeps no hidden states for it
             drafters = {n: d for n, d in drafters.items() if n not in self.gated}
         else:
             strat = {**FIXED_ARMS, **LEARNED_ARMS}[config]
-            policy = FixedPolicy(strat)
+            policy = FixedStrategy(strat)
             drafters = {strat.drafter: drafters[strat.drafter]}
         if "learned" in drafters:
             hidden_layers = self.learned.required_hidden_layers
@@ -448,7 +448,7 @@ class TailspecRunner:
             max_batch_size=workload.batch_size,
             max_seq_len=self.max_seq_len,
             drafters=drafters,
-            policy=policy,
+            selector=policy,
             cpu_clock=True,
             hidden_layers=hidden_layers,
         )
@@ -2217,7 +2217,7 @@ def run(args: argparse.Namespace) -> dict:
             "quick": args.quick,
             "seed": args.seed,
             "pld_tokens": args.pld_tokens,
-            "adaptive_note": "TunedStrategyPolicy over a TunerService table (default arms, available drafters); "
+            "adaptive_note": "StrategySelector over a TunerService table (default arms, available drafters); "
             "observations merged and the table reinstalled after every adaptive rollout; warmed up on "
             "adaptive_warmup rollouts per batch size over disjoint test prompts, learning on during the "
             "measured repetitions. adaptive-cold: a fresh TunerService for every rollout.",

@@ -20,13 +20,16 @@ never compete for the cores:
    batch 1 vs reading the weights once) and the target's decode forward at batch 64.
 3. ``drafter_propose_cost`` with ``--target-forward-ms`` = that forward time (read from
    ``rollout_longtail.json``; measured here on the default policy when that benchmark did not run).
-4. ``rl_step_e2e``: the end-to-end RL step, adaptive system (cold tuner, and tuner started from a 4-step
+4. ``suffix_offline`` (the suffix drafter's offline tau on the vendored MATH rollouts, SuffixDecoding's
+   protocol; ``--quick``: K = 16 only) and ``suffix_sibling_stall`` (one ``propose`` right after a long sibling
+   finished, bounded vs all-at-once indexing).
+5. ``rl_step_e2e``: the end-to-end RL step, adaptive system (cold tuner, and tuner started from a 4-step
    run's state) vs speculation off, 2 rounds of runs in ABBA order (``--quick``: 2 steps, 1 round, a 2-step
    tuner warm-up; ``--full``: 3 rounds).
-5. ``trace_replay``: real sampled MATH rollouts (Qwen2.5-Math, ``data/traces``) replayed token for token on the
+6. ``trace_replay``: real sampled MATH rollouts (Qwen2.5-Math, ``data/traces``) replayed token for token on the
    tiny shape: plain vs the fixed deterministic drafter arms vs the warm adaptive tuner, A/A control, max batch
    sizes 1, 8, 32, 128 (``--quick``: 8 problems, batches 8, 32; ``--full``: 5 rounds instead of 3).
-6. ``cuda_graphs``: decode with and without CUDA graphs; without CUDA it prints ``skipped: no CUDA`` and keeps
+7. ``cuda_graphs``: decode with and without CUDA graphs; without CUDA it prints ``skipped: no CUDA`` and keeps
    a result measured earlier on a GPU, which the summary then shows with the GPU it ran on.
 
 ``summary.md`` concatenates the benchmarks' tables (``rollout_longtail.md``; tables rendered from
@@ -53,6 +56,8 @@ BENCHMARKS = (
     "spot_training_effect",
     "rollout_longtail",
     "drafter_propose_cost",
+    "suffix_offline",
+    "suffix_sibling_stall",
     "rl_step_e2e",
     "trace_replay",
     "cuda_graphs",
@@ -250,6 +255,9 @@ def write_summary(results: Path, status: dict[str, dict]) -> Path:
     pc = results / "drafter_propose_cost.json"
     if "drafter_propose_cost" in status and pc.is_file():
         parts.append(propose_cost_markdown(pc))
+    for name in ("suffix_offline", "suffix_sibling_stall"):
+        if name in status and (results / f"{name}.md").is_file():
+            parts.append((results / f"{name}.md").read_text())
     se = results / "spot_training_effect.json"
     if "spot_training_effect" in status and se.is_file():
         parts.append(spot_effect_markdown(se))
@@ -313,6 +321,18 @@ def main(argv: list[str] | None = None) -> int:
             extra += ["--rounds", "5"] if args.full else []
         if name == "cuda_graphs":
             extra += ["--out", str(results / "cuda_graphs.json")]
+        if name == "suffix_offline":
+            extra += [
+                "--out",
+                str(results / "suffix_offline"),
+                "--before",
+                str(RESULTS / "suffix_offline_before.json"),
+            ]
+            extra += ["--ks", "16"] if args.quick else []
+        if name == "suffix_sibling_stall":
+            extra += ["--out", str(results / "suffix_sibling_stall")] + (
+                ["--repeats", "2"] if args.quick else []
+            )
         if name == "drafter_propose_cost":
             extra += ["--out", str(results / "drafter_propose_cost.json")]
             try:

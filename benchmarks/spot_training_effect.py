@@ -26,9 +26,9 @@ from benchmarks.runs import train_rows
 def _run(run_dir: Path, steps: int, spot: bool, extra: list[str]) -> list[dict]:
     # tuner.learned_min_top1=0: the learned arms stay in the table from step 1 (by default they are gated until
     # the head is good enough, and this benchmark would then have no learned drafts to measure).
-    # tuner.bandit.ledger_budget=null: the actors' regret ledger holds arms slower than off (a young head's) to
-    # 1% of the rollout's time, 0-12 learned draft tokens per step here (measured), too few to see acceptance
-    overrides = ["tuner.learned_min_top1=0", "tuner.bandit.ledger_budget=null"]
+    # tuner.bandit.regret_budget=1.0: the default budget holds arms slower than off (a young head's) to 1% of
+    # the rollout's time, too few learned draft tokens per step to see acceptance
+    overrides = ["tuner.learned_min_top1=0", "tuner.bandit.regret_budget=1.0"]
     return train_rows(run_dir, steps, [f"spot.enabled={str(spot).lower()}", *overrides, *extra])
 
 

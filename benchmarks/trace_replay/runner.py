@@ -1,12 +1,12 @@
 """Replay one shape's workload at one max batch size under every configuration, on one engine.
 
 ``ReplayBench`` holds a single ``Engine`` (one KV cache, one CUDA-graph pool on CUDA) and switches its
-``policy`` and ``drafters`` between runs, so every configuration decodes on the same memory and, on CUDA,
+``selector`` and ``drafters`` between runs, so every configuration decodes on the same memory and, on CUDA,
 replays graphs captured once (a capture's seconds are taken out of the step that paid them).
 
 Configurations: ``plain`` (speculation off), ``plain-again`` (a second plain run: the A/A control), each fixed
 deterministic arm of ``FIXED_ARMS`` (suffix chains k4/k8/k12, a suffix tree k16 w2 d8, n-gram k3/k5: the arms of
-``benchmarks/rollout_longtail.py``), and ``adaptive`` (the tuner: ``TunedStrategyPolicy`` over a
+``benchmarks/rollout_longtail.py``), and ``adaptive`` (the tuner: ``StrategySelector`` over a
 ``TunerService`` table of the shipped arms whose drafters are replayable, with length-aware budgets), warm
 (``ReplayBench.warm``): before the measured runs it decodes both epochs of other problems of the trace file and
 the measured problems' history epoch, and its observations are merged into the tuner after every run, measured
@@ -36,7 +36,7 @@ from benchmarks.trace_replay.workload import (
 )
 from services.rollout_actor.engine import Engine, GenerationRequest, RequestOutput
 from services.rollout_actor.model import Transformer
-from services.rollout_actor.speculative.strategy import FixedPolicy
+from services.rollout_actor.speculative.strategy import FixedStrategy
 from services.rollout_actor.worker import build_drafters
 
 PLAIN, PLAIN_AGAIN, ADAPTIVE = "plain", "plain-again", "adaptive"
@@ -177,11 +177,11 @@ class ReplayBench:
 
         Everything runs under the adaptive policy, its observations merged into the tuner after every rollout,
         so its table has seen drafting with and without a history. Returns what it did, with seconds."""
-        from services.tuner.policy import TunedStrategyPolicy
+        from services.tuner.selector import StrategySelector
         from services.tuner.service import TunerService
 
         self.tuner = TunerService(available_drafters=DRAFTERS)
-        self.adaptive = TunedStrategyPolicy(self.tuner.table(), seed=self.seed)
+        self.adaptive = StrategySelector(self.tuner.table(), seed=self.seed)
         t0 = time.perf_counter()
         warm_problems, warm_reqs = self.warm_problems, 0
         for _ in range(max(1, passes) if warm_problems else 0):
@@ -211,10 +211,10 @@ class ReplayBench:
         }
 
     # ------------------------------------------------------------------ runs
-    def _generate(self, reqs, drafters, policy) -> tuple[list[RequestOutput], float, float, list]:
+    def _generate(self, reqs, drafters, selector) -> tuple[list[RequestOutput], float, float, list]:
         eng = self.engine
         eng.drafters = dict(drafters)
-        eng.policy = policy
+        eng.selector = selector
         n0 = len(eng.step_log)
         gc.collect()
         c0, t0 = time.process_time(), time.perf_counter()
@@ -228,18 +228,18 @@ class ReplayBench:
         """One rollout of the measured epoch under ``config`` (``all_configs``). Raises ``ValueError`` for an
         unknown configuration, ``RuntimeError`` when ``adaptive`` runs before ``warm``."""
         if config in (PLAIN, PLAIN_AGAIN):
-            drafters, policy = {}, FixedPolicy()
+            drafters, selector = {}, FixedStrategy()
         elif config == ADAPTIVE:
             if self.adaptive is None:
                 raise RuntimeError("ReplayBench.run('adaptive') needs warm() first")
-            drafters, policy = self.drafters(), self.adaptive
+            drafters, selector = self.drafters(), self.adaptive
         elif config in FIXED_ARMS:
             strat = FIXED_ARMS[config]
-            drafters, policy = {strat.drafter: self.drafters()[strat.drafter]}, FixedPolicy(strat)
+            drafters, selector = {strat.drafter: self.drafters()[strat.drafter]}, FixedStrategy(strat)
         else:
             raise ValueError(f"unknown configuration {config!r}")
         reqs = requests(self.problems, MEASURED_EPOCH)
-        outs, wall, cpu, steps = self._generate(reqs, drafters, policy)
+        outs, wall, cpu, steps = self._generate(reqs, drafters, selector)
         capture = sum(s.capture_seconds for s in steps)
         tail = [s for s in steps if s.batch_size <= self.longtail_batch]
         res = ReplayRun(
@@ -273,6 +273,6 @@ class ReplayBench:
         checking replay against the trace."""
         strat = FIXED_ARMS.get(config)
         drafters = {} if strat is None else {strat.drafter: self.drafters()[strat.drafter]}
-        policy = FixedPolicy(strat) if strat is not None else FixedPolicy()
+        selector = FixedStrategy(strat) if strat is not None else FixedStrategy()
         reqs = requests(self.problems, MEASURED_EPOCH)
-        return reqs, self._generate(reqs, drafters, policy)[0]
+        return reqs, self._generate(reqs, drafters, selector)[0]

@@ -10,6 +10,7 @@ file), so a typo never runs silently with a default.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -69,6 +70,9 @@ class TrainerConfig:
     adv_eps: float = 1e-6
     scale_adv_by_std: bool = True
     save_checkpoint: bool = True  # final policy to runs/<id>/checkpoints/policy (HF format)
+    # every this many RL steps (and at the last), an atomic checkpoint runs/<id>/checkpoints/step-<k>/ that
+    # `tailspec train --resume runs/<id>` continues from (policy, optimizer, data cursor, RNG, tuner); 0 = none
+    save_every: int = 1
     # torch intra-op threads of the policy update; 0 = every core the trainer's process may use (the update
     # phase has the node to itself: rollout actors are idle and the spot trainer trains only in rollout
     # bubbles; on the 2-core dev machine 2 threads made a GRPO step 1.6x faster than Ray's default of 1)
@@ -146,12 +150,17 @@ class SpotSection:
     # (one process, receiver included; inside the noise of a 4-step RL run), while a bubble trains on a few
     # thousand rows of the ~9,000 a default step streams at 1.0
     stream_fraction: float = 0.25
+    # a grant over gRPC always carries a deadline (an open-ended one is refused): granted now + this, though
+    # the end of the rollout phase takes the worker back much sooner
+    grant_deadline_s: float = 3600.0
 
 
 @dataclass
 class GrpcSection:
-    """Where every service actor serves gRPC (coordinator, rollout actors, tuner, spot trainer). A host other
-    than loopback needs ``token`` (every call then carries ``authorization: Bearer <token>``)."""
+    """Where every service actor serves gRPC (coordinator, rollout actors, tuner, spot trainer). Every call,
+    loopback included, carries the run's secret (``authorization: Bearer <token>``): ``token`` (or
+    ``$TAILSPEC_GRPC_TOKEN``) is an operator-chosen one, null = a fresh secret per run. Written to
+    ``<run_dir>/grpc_token`` (mode 0600), redacted in ``config.yaml``."""
 
     host: str = "127.0.0.1"
     token: str | None = None
@@ -202,7 +211,35 @@ class Config:
     ray: RayConfig = field(default_factory=RayConfig)
 
 
+def _non_finite(node: Any, prefix: str = "") -> str | None:
+    """The dotted key of the first float in the config tree that is NaN or infinite, else None."""
+    if dataclasses.is_dataclass(node):
+        for f in dataclasses.fields(node):
+            bad = _non_finite(getattr(node, f.name), f"{prefix}.{f.name}" if prefix else f.name)
+            if bad:
+                return bad
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            bad = _non_finite(v, f"{prefix}.{k}" if prefix else str(k))
+            if bad:
+                return bad
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            bad = _non_finite(v, f"{prefix}[{i}]")
+            if bad:
+                return bad
+    elif isinstance(node, float) and not math.isfinite(node):
+        return prefix
+    return None
+
+
 def _validate(cfg: Config) -> None:
+    bad = _non_finite(cfg)
+    if bad:
+        raise ConfigError(
+            f"config key {bad!r} must be a finite number (got {OmegaConf.select(OmegaConf.structured(cfg), bad)!r})"
+        )
+    t, sp = cfg.trainer, cfg.spot
     checks = [
         ("trainer.steps", cfg.trainer.steps >= 1, "must be >= 1"),
         ("trainer.prompts_per_step", cfg.trainer.prompts_per_step >= 1, "must be >= 1"),
@@ -210,10 +247,23 @@ def _validate(cfg: Config) -> None:
         ("trainer.backend", cfg.trainer.backend in ("torch", "deepspeed"), "must be 'torch' or 'deepspeed'"),
         ("trainer.zero_stage", cfg.trainer.zero_stage in (1, 2), "must be 1 or 2"),
         ("trainer.lr", cfg.trainer.lr > 0, "must be > 0"),
+        ("trainer.weight_decay", t.weight_decay >= 0, "must be >= 0"),
+        (
+            "trainer.betas",
+            len(t.betas) == 2 and all(0 <= b < 1 for b in t.betas),
+            "must be two numbers in [0, 1)",
+        ),
+        ("trainer.max_grad_norm", t.max_grad_norm > 0, "must be > 0"),
+        ("trainer.clip_eps", t.clip_eps > 0, "must be > 0"),
+        ("trainer.kl_coef", t.kl_coef >= 0, "must be >= 0"),
+        ("trainer.format_reward", t.format_reward >= 0, "must be >= 0"),
+        ("trainer.adv_eps", t.adv_eps > 0, "must be > 0"),
         ("trainer.micro_batch_size", cfg.trainer.micro_batch_size >= 1, "must be >= 1"),
         ("trainer.updates_per_step", cfg.trainer.updates_per_step >= 1, "must be >= 1"),
+        ("trainer.save_every", t.save_every >= 0, "must be >= 0 (0 = no step checkpoints)"),
         ("trainer.threads", cfg.trainer.threads >= 0, "must be >= 0 (0 = all usable cores)"),
         ("rollout.num_actors", cfg.rollout.num_actors >= 1, "must be >= 1"),
+        ("rollout.threads_per_actor", cfg.rollout.threads_per_actor >= 1, "must be >= 1"),
         ("rollout.max_batch_size", cfg.rollout.max_batch_size >= 1, "must be >= 1"),
         ("rollout.max_new_tokens", cfg.rollout.max_new_tokens >= 1, "must be >= 1"),
         ("rollout.temperature", cfg.rollout.temperature >= 0, "must be >= 0"),
@@ -230,9 +280,30 @@ def _validate(cfg: Config) -> None:
             "must be >= 1",
         ),
         ("rollout.speculative.tree_width", cfg.rollout.speculative.tree_width >= 1, "must be >= 1"),
+        ("rollout.speculative.tree_depth", cfg.rollout.speculative.tree_depth >= 0, "must be >= 0"),
+        (
+            "rollout.speculative.speedup_sample_prompts",
+            cfg.rollout.speculative.speedup_sample_prompts >= 0,
+            "must be >= 0",
+        ),
+        ("spot.preempt_deadline_s", sp.preempt_deadline_s > 0, "must be > 0"),
+        ("spot.min_fresh_samples", sp.min_fresh_samples >= 1, "must be >= 1"),
+        ("spot.capacity_tokens", sp.capacity_tokens >= 1, "must be >= 1"),
+        ("spot.keep_versions", sp.keep_versions >= 1, "must be >= 1"),
+        ("spot.batch_size", sp.batch_size >= 1, "must be >= 1"),
+        ("spot.seq_len", sp.seq_len >= 1, "must be >= 1"),
+        ("spot.lr", sp.lr > 0, "must be > 0"),
+        ("spot.checkpoint_every", sp.checkpoint_every >= 1, "must be >= 1"),
+        (
+            "metrics.port",
+            cfg.metrics.port is None or 0 <= cfg.metrics.port <= 65535,
+            "must be in 0..65535 or null",
+        ),
+        ("ray.num_cpus", cfg.ray.num_cpus is None or cfg.ray.num_cpus >= 1, "must be >= 1 or null"),
         ("spot.replicas", cfg.spot.replicas is None or cfg.spot.replicas >= 1, "must be >= 1 or null"),
         ("spot.nice", 0 <= cfg.spot.nice <= 19, "must be in 0..19"),
         ("spot.stream_fraction", 0 < cfg.spot.stream_fraction <= 1, "must be in (0, 1]"),
+        ("spot.grant_deadline_s", 0 < cfg.spot.grant_deadline_s <= 86_400, "must be in (0, 86400]"),
         ("tuner.learned_min_top1", 0 <= cfg.tuner.learned_min_top1 <= 1, "must be in [0, 1]"),
         ("coordinator.port", 0 <= cfg.coordinator.port <= 65535, "must be in 0..65535"),
         ("coordinator.heartbeat_interval_s", cfg.coordinator.heartbeat_interval_s > 0, "must be > 0"),
@@ -254,8 +325,8 @@ def _validate(cfg: Config) -> None:
     try:
         if cfg.tuner.arms is not None:
             parse_arms(cfg.tuner.arms, "tuner.arms")
-        bandit_cfg = BanditConfig.from_dict(cfg.tuner.bandit, "tuner.bandit")
-        BudgetConfig.from_dict(cfg.tuner.budgets, "tuner.budgets")
+        bandit_cfg = BanditConfig.from_dict(cfg.tuner.bandit)
+        BudgetConfig.from_dict(cfg.tuner.budgets)
         if cfg.tuner.enabled and cfg.tuner.init_state is not None:
             from services.tuner.arms import default_arms
             from services.tuner.bandit import BucketedBandit
@@ -319,8 +390,15 @@ def _yaml_words_as_strings(layer: DictConfig, cls: type) -> None:
             layer[name] = "on" if value else "off"
 
 
-def to_yaml(cfg: Config) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+REDACTED = "<redacted>"
+
+
+def to_yaml(cfg: Config, redact: bool = True) -> str:
+    """The config as YAML; with ``redact`` (the default) secrets (``grpc.token``) read ``<redacted>``."""
+    conf = OmegaConf.structured(cfg)
+    if redact and cfg.grpc.token:
+        conf.grpc.token = REDACTED
+    return OmegaConf.to_yaml(conf)
 
 
 def resolve_path(p: str) -> Path:

@@ -21,7 +21,10 @@ async Ray actor can all host it without giving up their own thread or loop::
 - Health: the standard ``grpc.health.v1.Health`` service answers SERVING for ``""`` and for each service's
   full name (``tailspec.v1.CoordinatorService``) while the server runs; ``set_serving(name, False)`` flips
   one, ``stop()`` flips all to NOT_SERVING before shutting down.
-- Security: bound to ``127.0.0.1`` by default. A non-loopback host (``0.0.0.0``, a pod IP, a hostname) is
+- Security: every tailspec service requires a per-run secret on every call, loopback included
+  (``require_token``; ``new_token()`` makes one, the pipeline hands it to its actors through Ray and writes it
+  to ``<run_dir>/grpc_token``, mode 0600, for ``tailspec status``). Bound to ``127.0.0.1`` by default. A
+  non-loopback host (``0.0.0.0``, a pod IP, a hostname) is
   refused with ``ValueError`` unless a ``token`` or ``tls`` is configured. With a token, every call (health
   included, unless ``public_health=True`` for Kubernetes gRPC probes, which cannot send metadata) must carry
   ``authorization: Bearer <token>`` metadata, else it fails with ``UNAUTHENTICATED``. With ``tls`` the port is
@@ -37,6 +40,7 @@ import inspect
 import ipaddress
 import logging
 import os
+import secrets
 import sys
 import threading
 import time
@@ -52,11 +56,14 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.common.config import REDACTED
+
 log = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_COORDINATOR_PORT = 50051
-TOKEN_ENV = "TAILSPEC_GRPC_TOKEN"  # token for servers bound off loopback and for `tailspec status`
+TOKEN_ENV = "TAILSPEC_GRPC_TOKEN"  # an operator-chosen run token (else one is generated per run)
+TOKEN_FILE = "grpc_token"  # <run_dir>/grpc_token: the run's token, mode 0600, read by `tailspec status`
 AUTH_HEADER = "authorization"
 HEALTH_SERVICE = "grpc.health.v1.Health"
 
@@ -119,6 +126,53 @@ def check_bind(host: str, token: str | None, tls: TlsConfig | None) -> None:
             f"(clients send 'authorization: Bearer <token>' metadata; e.g. ${TOKEN_ENV}) or TLS, "
             f"or bind {DEFAULT_HOST}"
         )
+
+
+def new_token() -> str:
+    """A fresh per-run secret (256 bits, URL-safe text)."""
+    return secrets.token_urlsafe(32)
+
+
+def require_token(token: str | None, what: str) -> str:
+    """``token`` itself; ``ValueError`` when it is missing (every tailspec service authenticates its callers,
+    loopback included)."""
+    if not token or not isinstance(token, str):
+        raise ValueError(f"{what} needs the run's secret token: every call is authenticated")
+    return token
+
+
+def write_token_file(run_dir: str | os.PathLike, token: str) -> Path:
+    """Write ``token`` to ``run_dir/grpc_token`` with mode 0600 (created so, never readable by others for an
+    instant); returns the path."""
+    path = Path(run_dir) / TOKEN_FILE
+    tmp = path.with_name(f".{TOKEN_FILE}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, (token + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return path
+
+
+def read_token_file(run_dir: str | os.PathLike) -> str:
+    """The token in ``run_dir/grpc_token``. Raises ``FileNotFoundError``, or ``PermissionError`` when the file
+    is readable by group or others (a leaked secret is refused rather than used)."""
+    path = Path(run_dir) / TOKEN_FILE
+    st = path.stat()
+    if st.st_mode & 0o077:
+        raise PermissionError(f"{path} is readable by others (mode {st.st_mode & 0o777:o}); chmod 600 it")
+    return path.read_text().strip()
+
+
+def redact(text: str, *tokens: str | None) -> str:
+    """``text`` with every occurrence of each non-empty token replaced by ``<redacted>``."""
+    for t in tokens:
+        if t:
+            text = text.replace(t, REDACTED)
+    return text
 
 
 def auth_metadata(token: str) -> tuple[tuple[str, str], ...]:
@@ -673,7 +727,9 @@ __all__ = [
     "DEFAULT_COORDINATOR_PORT",
     "DEFAULT_ERROR_CODES",
     "DEFAULT_HOST",
+    "REDACTED",
     "TOKEN_ENV",
+    "TOKEN_FILE",
     "GrpcServer",
     "ServiceBinding",
     "TlsConfig",
@@ -686,5 +742,10 @@ __all__ = [
     "from_timestamp",
     "health_check",
     "is_loopback",
+    "new_token",
+    "read_token_file",
+    "redact",
+    "require_token",
     "to_timestamp",
+    "write_token_file",
 ]

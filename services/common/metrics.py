@@ -153,6 +153,14 @@ METRICS: tuple[MetricSpec, ...] = (
         "Wall time of each RL-step phase: rollout, reward, train, weight_sync.",
         _SECONDS_BUCKETS,
     ),
+    MetricSpec(
+        "tailspec_stream_frames_dropped_total",
+        "counter",
+        "frames",
+        ("reason",),
+        "Hidden-state stream frames a spot-trainer replica dropped, by reason: malformed, unauthenticated "
+        "(bad or missing MAC), out_of_range (policy version far ahead, bad token ids or shapes), stale, error.",
+    ),
     MetricSpec("tailspec_rl_step", "gauge", "step", (), "The current (last finished) RL step."),
     MetricSpec("tailspec_reward_mean", "gauge", "reward", (), "Mean reward of the last RL step's responses."),
 )
@@ -508,6 +516,10 @@ class TailspecMetrics:
             raise ValueError(f"unknown worker state {state!r}; expected one of {WORKER_STATES}")
         for s in WORKER_STATES:
             self.worker_state.set(1.0 if s == state else 0.0, {"worker": worker, "state": s})
+
+    def record_stream_drop(self, reason: str, n: int = 1) -> None:
+        """``n`` hidden-state stream frames dropped for ``reason`` (``stream.DROP_REASONS``)."""
+        self.stream_frames_dropped.inc(n, {"reason": reason})
 
     def add_bubble(self, worker: str, seconds: float, trained_seconds: float = 0.0) -> None:
         self.bubble_seconds.inc(max(0.0, float(seconds)), {"worker": worker})

@@ -1,11 +1,15 @@
-"""``tailspec status [--address HOST:PORT] [--token T]``: ask the coordinator over gRPC, print a table.
+"""``tailspec status [--run-dir DIR] [--address HOST:PORT] [--token T]``: ask the coordinator over gRPC, print a
+table.
 
 Prints the current RL step and phase, the newest policy / drafter / strategy-table versions, bubble totals,
 and one row per worker: id, role, state, policy and drafter version, active batch, pending requests, last
 heartbeat, address. ``--json`` prints the raw ``CoordinatorStatus`` instead.
 
-Defaults: ``--address`` = ``$TAILSPEC_COORDINATOR_ADDRESS`` or ``127.0.0.1:50051``; ``--token`` =
-``$TAILSPEC_GRPC_TOKEN``. Exit status: 0 ok, 2 when the coordinator cannot be asked (the error is printed).
+Every call is authenticated with the run's secret. ``--run-dir`` reads it from the run folder's
+``grpc_token`` (mode 0600; refused when others can read it) and the coordinator's address from its
+``coordinator_address``. Defaults otherwise: ``--address`` = ``$TAILSPEC_COORDINATOR_ADDRESS`` or
+``127.0.0.1:50051``; ``--token`` = ``$TAILSPEC_GRPC_TOKEN``; ``--token`` and ``--address`` win over the run
+folder. Exit status: 0 ok, 2 when the coordinator cannot be asked (the error is printed).
 """
 
 from __future__ import annotations
@@ -15,11 +19,12 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import grpc
 from google.protobuf import json_format
 
-from services.common.grpc_server import DEFAULT_COORDINATOR_PORT, TOKEN_ENV, channel
+from services.common.grpc_server import DEFAULT_COORDINATOR_PORT, TOKEN_ENV, channel, read_token_file
 from services.common.proto_gen.tailspec.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 ADDRESS_ENV = "TAILSPEC_COORDINATOR_ADDRESS"
@@ -143,16 +148,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="tailspec status", description="Show the coordinator's workers, states, versions and RL step."
     )
     ap.add_argument(
-        "--address",
-        default=os.environ.get(ADDRESS_ENV, DEFAULT_ADDRESS),
-        help=f"coordinator HOST:PORT (default ${ADDRESS_ENV} or {DEFAULT_ADDRESS})",
+        "--run-dir",
+        default=None,
+        help="a run folder: its grpc_token (mode 0600) and coordinator_address are used",
     )
-    ap.add_argument("--token", default=os.environ.get(TOKEN_ENV), help=f"bearer token (default ${TOKEN_ENV})")
+    ap.add_argument(
+        "--address",
+        default=None,
+        help=f"coordinator HOST:PORT (default: the run folder's, ${ADDRESS_ENV} or {DEFAULT_ADDRESS})",
+    )
+    ap.add_argument(
+        "--token",
+        default=None,
+        help=f"the run's token (default: the run folder's grpc_token, or ${TOKEN_ENV})",
+    )
     ap.add_argument("--tls-ca", default=None, help="PEM file of the CA to verify a TLS coordinator with")
     ap.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer")
     ap.add_argument("--verbose", action="store_true", help="also show recent state transitions")
     ap.add_argument("--json", action="store_true", help="print the raw status as JSON")
     args = ap.parse_args(argv)
+    if args.run_dir is not None:
+        run = Path(args.run_dir)
+        try:
+            if args.token is None:
+                args.token = read_token_file(run)
+            if args.address is None:
+                args.address = (run / "coordinator_address").read_text().strip()
+        except OSError as exc:
+            print(f"tailspec status: cannot read the run folder {run}: {exc}", file=sys.stderr)
+            return 2
+    if args.address is None:
+        args.address = os.environ.get(ADDRESS_ENV, DEFAULT_ADDRESS)
+    if args.token is None:
+        args.token = os.environ.get(TOKEN_ENV)
     try:
         resp = fetch_status(
             args.address,
@@ -165,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = exc.code() if hasattr(exc, "code") else None
         hint = ""
         if code == grpc.StatusCode.UNAUTHENTICATED:
-            hint = f" (pass --token or set ${TOKEN_ENV})"
+            hint = f" (pass --run-dir RUN, --token, or set ${TOKEN_ENV})"
         elif code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             hint = " (is the coordinator running? set --address)"
         details = exc.details() if hasattr(exc, "details") else str(exc)

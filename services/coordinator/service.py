@@ -25,6 +25,15 @@ RPC semantics (mapped onto ``Coordinator`` events):
 - ``Heartbeat``: liveness and the worker's own view (``Coordinator.heartbeat``); the answer says the
   coordinator's view, and a pending preemption. ``known=false`` tells the worker to register again.
 - ``ReportRun``: the driver's view (step, phase, versions, bubble totals) that ``GetStatus`` reports.
+
+Validation (nothing received is trusted; ``services/common/validation.py``): every field is checked before
+any state changes and a bad one is answered ``INVALID_ARGUMENT``. Worker ids must have the id form and, when
+the coordinator was given the run's ``worker_ids``, be one of them; states, roles, phases and purposes must be
+values the enums define; steps and versions may not run ahead of the run. The coordinator is *anchored* to
+the run when it is built with ``initial_run`` (the pipeline always does: the driver's view at start, or at a
+restart) or after its first accepted ``ReportRun``; from then on ``ReportRun`` moves the step by at most one
+(never back), versions never go back, and a worker's step / versions may lead the run's by at most
+``STEP_SLACK`` / ``VERSION_SLACK``.
 """
 
 from __future__ import annotations
@@ -34,8 +43,17 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from services.common.grpc_server import channel, to_timestamp
+from services.common.grpc_server import channel, require_token, to_timestamp
 from services.common.proto_gen.tailspec.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from services.common.validation import (
+    InvalidArgument,
+    check_address,
+    check_counter,
+    check_deadline,
+    check_enum,
+    check_id,
+    check_number,
+)
 from services.coordinator.coordinator import Coordinator, Grant, Preempt, WorkerReport
 from services.coordinator.states import IllegalTransition, WorkerState
 
@@ -50,6 +68,15 @@ _PHASES = {
     "done": common_pb2.STEP_PHASE_DONE,
 }
 _PHASE_NAMES = {v: k for k, v in _PHASES.items()}
+STEP_SLACK = 1  # a worker's rl_step may lead the run's by this much (its report races the driver's)
+VERSION_SLACK = 2  # a worker's policy / drafter version may lead the run's by this much
+TABLE_VERSION_SLACK = 100_000  # strategy-table versions move once per merged batch: a generous bound
+_REPORTABLE = (
+    common_pb2.WORKER_STATE_ROLLOUT,
+    common_pb2.WORKER_STATE_IDLE,
+    common_pb2.WORKER_STATE_FAILED,
+    common_pb2.WORKER_STATE_STOPPED,
+)
 
 
 def state_pb(state: WorkerState | str) -> int:
@@ -70,6 +97,9 @@ class CoordinatorService:
         run_info: optional callable giving the driver's view {step, phase, policy_version, drafter_version,
             table_version, bubble_seconds, bubble_trained_seconds}; without it ``ReportRun`` sets that view.
         heartbeat_interval_s: what ``Register`` tells workers.
+        worker_ids: the run's worker ids; when given, any other id is refused (``INVALID_ARGUMENT``).
+        initial_run: the driver's view to start from (as ``ReportRun`` sets it); anchors the coordinator to
+            the run (see "Validation").
     """
 
     def __init__(
@@ -78,10 +108,18 @@ class CoordinatorService:
         run_info: Callable[[], dict[str, Any]] | None = None,
         heartbeat_interval_s: float = 1.0,
         address: str = "",
+        worker_ids: Iterable[str] | None = None,
+        initial_run: Mapping[str, Any] | None = None,
     ):
         self.coordinator = coordinator
         self._run_info = run_info
         self._reported: dict[str, Any] = {}
+        self.worker_ids = None if worker_ids is None else {str(w) for w in worker_ids}
+        self._anchored = False
+        if initial_run is not None:
+            self._reported = _run_dict(initial_run)
+            self._anchored = True
+            coordinator.set_policy_version(self._reported["policy_version"])
         self.heartbeat_interval_s = heartbeat_interval_s
         self.address = address
         self._addresses: dict[str, str] = {}
@@ -113,10 +151,54 @@ class CoordinatorService:
             release_by=to_timestamp(self._wall(p.deadline)),
         )
 
+    # ------------------------------------------------------------------ validation
+    def _worker_id(self, value: str, field: str = "worker_id") -> str:
+        return check_id(value, field, allowed=self.worker_ids)
+
+    def _step_ceiling(self) -> int | None:
+        if not self._anchored:
+            return None
+        return max(int(self._reported.get("step", 0)), self.coordinator.step) + STEP_SLACK
+
+    def _check_step(self, value: int, field: str) -> int:
+        return check_counter(value, field, at_most=self._step_ceiling())
+
+    def _check_versions(self, v: common_pb2.Versions, field: str) -> None:
+        ceiling = None
+        if self._anchored:
+            r = self._reported
+            ceiling = max(int(r.get("step", 0)), self.coordinator.step, self.coordinator.policy_version)
+            check_counter(v.policy_version, f"{field}.policy_version", at_most=ceiling + VERSION_SLACK)
+            check_counter(
+                v.drafter_version,
+                f"{field}.drafter_version",
+                at_most=max(ceiling, int(r.get("drafter_version", 0))) + VERSION_SLACK,
+            )
+            check_counter(
+                v.strategy_table_version,
+                f"{field}.strategy_table_version",
+                at_most=int(r.get("table_version", 0)) + TABLE_VERSION_SLACK,
+            )
+        else:
+            for name in ("policy_version", "drafter_version", "strategy_table_version"):
+                check_counter(getattr(v, name), f"{field}.{name}")
+
+    @staticmethod
+    def _check_resources(r: common_pb2.Resources, field: str) -> None:
+        check_number(r.num_cpus, f"{field}.num_cpus", hi=1e6)
+        check_number(r.num_gpus, f"{field}.num_gpus", hi=1e6)
+        for k, val in r.custom.items():
+            check_number(val, f"{field}.custom[{k[:40]!r}]", hi=1e12)
+
     # ------------------------------------------------------------------ RPCs
     def register(self, req: coordinator_pb2.RegisterRequest) -> coordinator_pb2.RegisterResponse:
-        if not req.worker_id:
-            raise ValueError("RegisterRequest.worker_id is required")
+        self._worker_id(req.worker_id)
+        check_enum(common_pb2.WorkerRole, req.role, "role")
+        check_enum(common_pb2.WorkerState, req.state, "state")
+        check_address(req.address, "address")
+        self._check_resources(req.resources, "resources")
+        self._check_versions(req.versions, "versions")
+        self._check_step(req.rl_step, "rl_step")
         c = self.coordinator
         resources = {"cpus": req.resources.num_cpus} if req.HasField("resources") else None
         own = state_from_pb(req.state)
@@ -146,6 +228,9 @@ class CoordinatorService:
         )
 
     def heartbeat(self, req: coordinator_pb2.HeartbeatRequest) -> coordinator_pb2.HeartbeatResponse:
+        self._worker_id(req.worker_id)
+        check_enum(common_pb2.WorkerState, req.state, "state")
+        self._check_versions(req.versions, "versions")
         c = self.coordinator
         if req.worker_id not in c.snapshot():
             return coordinator_pb2.HeartbeatResponse(known=False, rl_step=c.step)
@@ -161,6 +246,18 @@ class CoordinatorService:
         return resp
 
     def report_state(self, req: coordinator_pb2.ReportStateRequest) -> coordinator_pb2.ReportStateResponse:
+        self._worker_id(req.worker_id)
+        check_enum(common_pb2.WorkerState, req.state, "state")
+        if req.state not in _REPORTABLE:
+            raise InvalidArgument(
+                f"ReportStateRequest.state must be ROLLOUT, IDLE, FAILED or STOPPED, got "
+                f"{common_pb2.WorkerState.Name(req.state)} (TRAINING/PREEMPTING are the coordinator's)"
+            )
+        self._check_step(req.rl_step, "rl_step")
+        self._check_versions(req.versions, "versions")
+        if req.grant_id and not req.grant_id.isdigit():
+            raise InvalidArgument(f"grant_id {req.grant_id[:40]!r} is not a grant id of this coordinator")
+        check_counter(req.train_step, "train_step")
         c = self.coordinator
         dst = state_from_pb(req.state)
         w = req.worker_id
@@ -204,6 +301,14 @@ class CoordinatorService:
         self, req: coordinator_pb2.RequestResourcesRequest
     ) -> coordinator_pb2.RequestResourcesResponse:
         c = self.coordinator
+        check_enum(coordinator_pb2.ResourcePurpose, req.purpose, "purpose")
+        check_id(req.requester_id, "requester_id", required=False)
+        for w in req.worker_ids:
+            self._worker_id(w, "worker_ids[]")
+        check_deadline(req, "deadline", required=False)
+        check_counter(req.fresh_samples, "fresh_samples")
+        self._check_step(req.rl_step, "rl_step")
+        self._check_resources(req.per_worker, "per_worker")
         if req.purpose == coordinator_pb2.RESOURCE_PURPOSE_ROLLOUT:
             ids = list(req.worker_ids) or [
                 w for w, info in c.snapshot().items() if info["state"] not in ("FAILED", "STOPPED")
@@ -221,16 +326,45 @@ class CoordinatorService:
         raise ValueError("RequestResourcesRequest.purpose must be ROLLOUT or DRAFTER_TRAINING")
 
     def report_run(self, req: coordinator_pb2.ReportRunRequest) -> coordinator_pb2.ReportRunResponse:
-        self._reported = {
-            "step": int(req.rl_step),
+        check_enum(common_pb2.StepPhase, req.phase, "phase")
+        new = {
+            "step": check_counter(req.rl_step, "rl_step"),
             "phase": _PHASE_NAMES.get(req.phase, ""),
-            "policy_version": int(req.versions.policy_version),
-            "drafter_version": int(req.versions.drafter_version),
-            "table_version": int(req.versions.strategy_table_version),
-            "bubble_seconds": float(req.bubble_seconds_total),
-            "bubble_trained_seconds": float(req.bubble_trained_seconds_total),
+            "policy_version": check_counter(req.versions.policy_version, "versions.policy_version"),
+            "drafter_version": check_counter(req.versions.drafter_version, "versions.drafter_version"),
+            "table_version": check_counter(
+                req.versions.strategy_table_version, "versions.strategy_table_version"
+            ),
+            "bubble_seconds": check_number(req.bubble_seconds_total, "bubble_seconds_total", hi=1e12),
+            "bubble_trained_seconds": check_number(
+                req.bubble_trained_seconds_total, "bubble_trained_seconds_total", hi=1e12
+            ),
         }
-        self.coordinator.set_policy_version(int(req.versions.policy_version))
+        if new["policy_version"] > new["step"]:
+            raise InvalidArgument(
+                f"versions.policy_version {new['policy_version']} is ahead of rl_step {new['step']}"
+            )
+        if self._anchored:
+            old = self._reported
+            lo = old["step"] - (1 if req.phase == common_pb2.STEP_PHASE_DONE else 0)
+            if not lo <= new["step"] <= old["step"] + 1:
+                raise InvalidArgument(
+                    f"rl_step {new['step']}: the run is at step {old['step']} (a report moves it by at most one)"
+                )
+            slacks = {
+                "policy_version": 1,
+                "drafter_version": VERSION_SLACK,
+                "table_version": TABLE_VERSION_SLACK,
+            }
+            for key, slack in slacks.items():
+                bound = old[key] + slack
+                if not old[key] <= new[key] <= bound:
+                    raise InvalidArgument(
+                        f"{key} {new[key]}: the run is at {old[key]} (never back, at most {bound})"
+                    )
+        self._reported = new
+        self._anchored = True
+        self.coordinator.set_policy_version(new["policy_version"])
         return coordinator_pb2.ReportRunResponse()
 
     def get_status(self, req: common_pb2.GetStatusRequest) -> coordinator_pb2.CoordinatorStatus:
@@ -284,10 +418,24 @@ class CoordinatorService:
         )
 
 
+def _run_dict(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The driver's view (``run_info`` keys) with every key present."""
+    return {
+        "step": int(info.get("step", 0)),
+        "phase": str(info.get("phase", "")),
+        "policy_version": int(info.get("policy_version", 0)),
+        "drafter_version": int(info.get("drafter_version", 0)),
+        "table_version": int(info.get("table_version", 0)),
+        "bubble_seconds": float(info.get("bubble_seconds", 0.0)),
+        "bubble_trained_seconds": float(info.get("bubble_trained_seconds", 0.0)),
+    }
+
+
 # ---------------------------------------------------------------------------------------------- the actor
 class CoordinatorActor:
     """The coordinator as its own actor: state machine + gRPC server + ticker (heartbeat timeouts, preempt
-    deadlines). Args are ``Coordinator``'s; ``tick_interval_s`` is how often ``tick`` runs."""
+    deadlines). Args are ``Coordinator``'s; ``tick_interval_s`` is how often ``tick`` runs; ``worker_ids`` and
+    ``initial_run`` are ``CoordinatorService``'s (the run's workers, and the driver's view to anchor to)."""
 
     def __init__(
         self,
@@ -296,13 +444,20 @@ class CoordinatorActor:
         min_fresh_samples: int = 1,
         heartbeat_interval_s: float = 1.0,
         tick_interval_s: float = 0.25,
+        worker_ids: Iterable[str] | None = None,
+        initial_run: Mapping[str, Any] | None = None,
     ):
         self.coordinator = Coordinator(
             heartbeat_timeout_s=heartbeat_timeout_s,
             preempt_deadline_s=preempt_deadline_s,
             min_fresh_samples=min_fresh_samples,
         )
-        self.service = CoordinatorService(self.coordinator, heartbeat_interval_s=heartbeat_interval_s)
+        self.service = CoordinatorService(
+            self.coordinator,
+            heartbeat_interval_s=heartbeat_interval_s,
+            worker_ids=worker_ids,
+            initial_run=initial_run,
+        )
         self.server = None
         self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick, args=(tick_interval_s,), daemon=True)
@@ -313,14 +468,15 @@ class CoordinatorActor:
             self.coordinator.tick()
 
     def serve(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> str:
-        """Serve ``tailspec.v1.CoordinatorService`` (plus health); returns ``host:port``."""
+        """Serve ``tailspec.v1.CoordinatorService`` (plus health); returns ``host:port``. Every call must carry
+        ``token`` (required: ``ValueError`` without one)."""
         from services.common.grpc_server import GrpcServer, expose
 
         self.server = GrpcServer(
             [expose(coordinator_pb2_grpc.CoordinatorServiceServicer, self.service)],
             host=host,
             port=port,
-            token=token,
+            token=require_token(token, "the coordinator's gRPC service"),
             name="coordinator",
         )
         self.server.start()

@@ -541,7 +541,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m services.pipeline.base_model", description=__doc__.split("\n")[0]
     )
     ap.add_argument("--out", required=True, help="output model folder")
-    ap.add_argument("--data-dir", default=None, help="GSM8K folder (default: $TAILSPEC_DATA_DIR or data/gsm8k)")
+    ap.add_argument(
+        "--data-dir", default=None, help="GSM8K folder (default: $TAILSPEC_DATA_DIR or data/gsm8k)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=BaseModelRecipe.steps)
     ap.add_argument("--vocab-size", type=int, default=BaseModelRecipe.vocab_size)

@@ -13,6 +13,13 @@ Actors (Ray actors, or plain objects in-process with ``ray.use_ray=false``):
 Control calls go over gRPC (state reports, grants, preemptions, strategy tables, drafter versions, status);
 bulk tensors (policy weights, drafter heads for averaging, rollout results) stay on the Ray object store.
 
+Security: every service requires the run's secret on every call, loopback included. The secret is the
+operator's (``grpc.token`` or ``$TAILSPEC_GRPC_TOKEN``) or generated here (``secrets.token_urlsafe``); it
+reaches the actors only as Ray call arguments (never a command line, ``config.yaml`` or a log line) and is
+written to ``<run_dir>/grpc_token`` (mode 0600) for ``tailspec status --run-dir``. The hidden-state stream is
+authenticated with a MAC keyed by it. Rollout actors load drafter versions only from the run's own
+``checkpoints/spot_trainer/published`` folder.
+
 A rollout phase (``rollout_phase``): every actor decodes its shard; one that finishes early reports IDLE and,
 when the spot trainer's buffer holds enough fresh data, the coordinator lends its bubble (a grant) to that
 actor's spot-trainer replica until the phase ends (PREEMPT with deadline ``spot.preempt_deadline_s``). A
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -34,6 +42,7 @@ from typing import Any
 import grpc
 
 from services.common.config import Config
+from services.common.grpc_server import TOKEN_ENV, new_token, write_token_file
 from services.common.ray_utils import ActorPool
 from services.rollout_actor.worker import RolloutRequest, RolloutWorker, ShardResult
 
@@ -86,13 +95,16 @@ class ControlPlane:
         self.run_info = run_info
         self.log = log_fn
         self.use_ray = cfg.ray.use_ray
-        self.host, self.token = cfg.grpc.host, cfg.grpc.token
+        # the run's secret: the operator's, else a fresh one (never logged, never in config.yaml)
+        self.host = cfg.grpc.host
+        self.token = cfg.grpc.token or os.environ.get(TOKEN_ENV) or new_token()
         self.coordinator_pool: ActorPool | None = None
         self.coordinator = None  # CoordinatorClient
         self.coordinator_address: str | None = None
         self.coordinator_restarts = 0
         self.tuner: ActorPool | None = None
         self.tuner_client = None
+        self.tuner_restarts = 0
         self.rollout: ActorPool | None = None
         self.rollout_clients: list = []
         self.worker_ids: list[int] = []
@@ -104,8 +116,19 @@ class ControlPlane:
         self.learned_top1: float | None = None  # the spot trainer's latest top-1 accuracy (None: not trained)
 
     # ------------------------------------------------------------------ start / stop
+    @property
+    def drafter_dir(self) -> Path:
+        """The run's published-drafter folder: the only place rollout actors load drafters from."""
+        from services.spot_trainer.service import published_dir
+
+        return published_dir(self.run_dir / "checkpoints" / "spot_trainer")
+
     def start(self) -> None:
         cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_token_file(self.run_dir, self.token)
+        n = cfg.rollout.num_actors
+        self.worker_ids = list(range(n))
         self._start_coordinator()
         if cfg.tuner.enabled:
             from services.tuner.grpc_service import TunerClient
@@ -121,7 +144,6 @@ class ControlPlane:
                 num_cpus=0,
             )
             self.tuner_client = TunerClient(self.tuner.call(0, "serve", self.host, 0, self.token), self.token)
-        n = cfg.rollout.num_actors
         sampling = dict(
             temperature=cfg.rollout.temperature,
             top_p=cfg.rollout.top_p,
@@ -129,7 +151,6 @@ class ControlPlane:
             max_new_tokens=cfg.rollout.max_new_tokens,
         )
         table = self.strategy_table() if self.tuner_client is not None else None
-        self.worker_ids = list(range(n))
         self.rollout = ActorPool.create(
             RolloutWorker,
             [(i, str(self.model_path), sampling) for i in range(n)],
@@ -143,6 +164,7 @@ class ControlPlane:
                     tuner_table=table,
                     tuner_budgets=dict(cfg.tuner.budgets),
                     learned=self.learned,
+                    drafter_dir=str(self.drafter_dir),
                 )
                 for _ in range(n)
             ],
@@ -168,9 +190,12 @@ class ControlPlane:
             [(c.heartbeat_timeout_s, s.preempt_deadline_s, s.min_fresh_samples, c.heartbeat_interval_s)],
             self.use_ray,
             num_cpus=0,
+            # the run's workers and the driver's view: anything else reported over gRPC is refused
+            kwargs_list=[dict(worker_ids=[str(w) for w in self.worker_ids], initial_run=self.run_info())],
         )
         self.coordinator_address = self.coordinator_pool.call(0, "serve", self.host, c.port, self.token)
         self.coordinator = CoordinatorClient(self.coordinator_address, self.token)
+        (self.run_dir / "coordinator_address").write_text(self.coordinator_address + "\n")
 
     def restart_coordinator(self, why: str = "") -> None:
         """A fresh coordinator actor, rebuilt from the workers' own reports: every live rollout actor
@@ -232,6 +257,7 @@ class ControlPlane:
             checkpoint_every=s.checkpoint_every,
             min_samples=s.min_fresh_samples,
             nice=s.nice,
+            token=self.token,  # the stream's MAC key (a Ray call argument, like the gRPC token)
         )
         ckpt = str(self.run_dir / "checkpoints" / "spot_trainer")
         self.spot = ActorPool.create(
@@ -249,7 +275,7 @@ class ControlPlane:
     def _connect_streams(self) -> None:
         streams = self.spot.call_all("address", [()] * len(self.spot))
         fraction = self.cfg.spot.stream_fraction
-        self.rollout.call_all("connect_spot_trainer", [(streams, fraction)] * len(self.rollout))
+        self.rollout.call_all("connect_spot_trainer", [(streams, fraction, self.token)] * len(self.rollout))
 
     def ensure_spot(self) -> list[int]:
         """At a phase boundary: every spot-trainer replica that died is started again on its checkpoint
@@ -274,6 +300,7 @@ class ControlPlane:
                 self.spot.call(i, "serve", self.host, 0, self.token), self.token
             )
             self.spot_restarts += 1
+            self.spot.call(i, "set_policy_version", int(self.run_info().get("policy_version", 0)))
             st = self.spot.call(i, "stats")
             self.log(
                 f"spot-trainer replica {i} died; restarted from its checkpoint at step {st['resumed_step']} "
@@ -290,7 +317,10 @@ class ControlPlane:
         if self.rollout is not None:
             self.rollout.call_all("close", [()] * len(self.rollout))
         if self.tuner is not None:
-            self.tuner.call(0, "close")
+            try:
+                self.tuner.call(0, "close")
+            except Exception as e:  # noqa: BLE001 - a dead tuner has nothing left to close
+                log.warning("tuner close: %s", e)
         if self.coordinator_pool is not None:
             self.coordinator_pool.call(0, "close", keep)
         for client in [self.coordinator, self.tuner_client, *self.rollout_clients, *self.spot_clients]:
@@ -318,7 +348,9 @@ class ControlPlane:
             return 0
 
     def _grant(self, g: dict) -> bool:
-        """Hand a coordinator grant to the worker's replica; False (and the worker released) if refused."""
+        """Hand a coordinator grant to the worker's replica, bounded by ``spot.grant_deadline_s`` (the phase
+        end preempts it sooner); False (and the worker released) if refused."""
+        g = dict(g, deadline=time.time() + self.cfg.spot.grant_deadline_s)
         try:
             out = self.spot_clients[self._replica(g["worker_id"])].grant(g)
         except grpc.RpcError as e:  # the replica is down: no training on this bubble
@@ -490,9 +522,39 @@ class ControlPlane:
 
         return gate_table(self.tuner_client.table(), self.gated_drafters())
 
+    def restart_tuner(self, why: str) -> bool:
+        """A fresh tuner actor, resumed from its own checkpoint (``checkpoints/tuner_state.json``, written at
+        every merge), served anew and handed to the rollout actors. False (and a warning) when even that fails:
+        the run goes on, the actors keep their last table."""
+        from services.tuner.grpc_service import TunerClient
+
+        try:
+            self.tuner.respawn(0)
+            old, self.tuner_client = self.tuner_client, None
+            if old is not None:
+                old.close()
+            self.tuner_client = TunerClient(self.tuner.call(0, "serve", self.host, 0, self.token), self.token)
+            n = len(self.rollout)
+            self.rollout.call_all("connect_tuner", [(self.tuner_client.address, self.token)] * n)
+        except Exception as e:  # noqa: BLE001 - the tuner is advisory: never stop the run for it
+            log.warning("tuner restart failed (%s): %s; the rollout actors keep their last table", why, e)
+            return False
+        self.tuner_restarts += 1
+        self.log(f"tuner restarted ({why}) from its checkpoint at {self.tuner_client.address}")
+        return True
+
     def tune(self, results: list[ShardResult]) -> dict:
-        """The tuner's merged table to every rollout actor (gRPC); the row's tuner statistics."""
-        table = self.strategy_table()
+        """The tuner's merged table to every rollout actor (gRPC); the row's tuner statistics. A tuner that
+        died is restarted from its checkpoint; if that fails, the step's row says so and the actors keep their
+        last table."""
+        try:
+            table = self.strategy_table() if self.tuner_client is not None else None
+        except Exception as e:
+            if not (actor_died(e) or _unavailable(e)):
+                raise
+            table = self.strategy_table() if self.restart_tuner(type(e).__name__) else None
+        if table is None:
+            return {"tuner_unavailable": True, "tuner_restarts": self.tuner_restarts}
         self._each_rollout("table update", lambda i: self.rollout_clients[i].set_table(table))
         stats = self.tuner_client.status()
         choices: dict[str, int] = {}
@@ -503,10 +565,10 @@ class ControlPlane:
         chosen = sum(b["chosen"] for b in buckets)
         return {
             "table_version": table["version"],
+            "tuner_restarts": self.tuner_restarts,
             "gated_drafters": self.gated_drafters(),
             "observations": sum(res.observations_reported for res in results),
             "choices": choices,
-            "demotions": sum(res.demotions for res in results),
             "best_by_bucket": {bucket_name(b): b["best"] for b in buckets},
             "exploration_fraction": sum(b["explored"] for b in buckets) / chosen if chosen else 0.0,
             "arm_reward_median": {

@@ -15,8 +15,12 @@ With ``ray.use_ray=false`` the same services run in-process (tests, debugging). 
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import shutil
+import signal
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -25,15 +29,43 @@ import numpy as np
 
 from services.common.config import Config, resolve_path, to_yaml
 from services.common.ray_utils import ActorPool, init_ray
-from services.pipeline.control_plane import ControlPlane
+from services.pipeline.control_plane import ControlPlane, actor_died
 from services.pipeline.datasets import GSM8KExample, default_dataset_dir, format_prompt, load_gsm8k
 from services.pipeline.outputs import RunWriter, length_stats, new_run_id, plot_curves, plot_response_lengths
 from services.pipeline.rewards import gsm8k_reward
+from services.rollout_actor.model import ModelConfig, ModelLoadError, Transformer
+from services.rollout_actor.speculative.stats import LONG_TAIL_BATCH
 from services.rollout_actor.worker import RolloutRequest, ShardResult
 
 
 class PreflightError(ValueError):
     """Bad input found before anything is written: missing data, bad model folder, tokenizer mismatch."""
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (e.g. a non-finite loss); the policy of that step is neither synced nor saved."""
+
+
+class RunInterrupted(Exception):
+    """SIGINT / SIGTERM: the run stopped after a step and wrote a checkpoint (``exit_code`` = 128 + signal)."""
+
+    def __init__(self, signum: int, step: int, run_dir: Path):
+        self.exit_code = 128 + signum
+        name = signal.Signals(signum).name
+        super().__init__(
+            f"interrupted by {name} after step {step}; checkpoint written. Resume with: "
+            f"tailspec train --resume {run_dir}"
+        )
+
+
+CHECKPOINTS_KEPT = 2  # step checkpoints kept in checkpoints/ (the newest ones)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete step checkpoint ``run_dir/checkpoints/step-<k>`` (a folder is renamed into place
+    only once everything in it is written), or None."""
+    done = [p for p in (run_dir / "checkpoints").glob("step-*") if (p / "driver.json").is_file()]
+    return max(done, key=lambda p: int(p.name.split("-", 1)[1]), default=None)
 
 
 # ---------------------------------------------------------------------------------------------- preflight
@@ -65,7 +97,14 @@ def check_model_dir(path: Path) -> None:
         mcfg = json.loads((path / "config.json").read_text())
     except json.JSONDecodeError as e:
         raise PreflightError(f"{path / 'config.json'}: invalid JSON ({e})") from None
-    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    try:
+        model_cfg = ModelConfig.from_hf_dict(mcfg, str(path / "config.json"))
+    except ModelLoadError as e:
+        raise PreflightError(str(e)) from None
+    try:
+        tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception on a corrupt file
+        raise PreflightError(f"{path / 'tokenizer.json'}: cannot load ({str(e).splitlines()[0]})") from None
     vocab = mcfg.get("vocab_size", 0)
     if tok.get_vocab_size() > vocab:
         raise PreflightError(
@@ -81,11 +120,84 @@ def check_model_dir(path: Path) -> None:
             raise PreflightError(
                 f"tokenizer mismatch: eos_token_id {e} of config.json is not in tokenizer.json"
             )
+    check_weights(path / "model.safetensors", model_cfg)
+
+
+def check_weights(path: Path, cfg: ModelConfig) -> None:
+    """Raises PreflightError unless the safetensors file at ``path`` has a readable header whose tensors are
+    exactly the model's, with the model's shapes (read from the header only: no tensor is loaded)."""
+    import torch
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:  # noqa: BLE001 - SafetensorError, OSError, ...
+        raise PreflightError(f"{path}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
+    with torch.device("meta"):
+        want = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
+    if cfg.tie_word_embeddings:
+        want.pop("lm_head.weight", None)
+        shapes.pop("lm_head.weight", None)
+    missing = sorted(set(want) - set(shapes))
+    if missing:
+        raise PreflightError(
+            f"{path}: missing tensors {missing[:3]} (config.json describes a different model)"
+        )
+    unexpected = sorted(set(shapes) - set(want))
+    if unexpected:
+        raise PreflightError(
+            f"{path}: unexpected tensors {unexpected[:3]} (config.json describes a different model)"
+        )
+    for k, shape in want.items():
+        if shapes[k] != shape:
+            raise PreflightError(
+                f"{path}: tensor {k!r} has shape {list(shapes[k])}, config.json implies {list(shape)}"
+            )
+
+
+def check_run_dir(run_dir: Path, resume: bool = False) -> None:
+    """Raises PreflightError when ``run_dir`` holds a run already (finished, or unfinished without ``resume``),
+    has nothing to resume (``resume``), or cannot be created."""
+    if (run_dir / "summary.json").exists():
+        raise PreflightError(f"run directory {run_dir} already holds a finished run (summary.json)")
+    if resume:
+        if latest_checkpoint(run_dir) is None:
+            raise PreflightError(f"--resume {run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}")
+        return
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.exists() and metrics.stat().st_size > 0:
+        raise PreflightError(
+            f"run directory {run_dir} holds an unfinished run (metrics.jsonl without summary.json): continue it "
+            f"with --resume {run_dir}, or choose another --run-dir"
+        )
+    parent = run_dir
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise PreflightError(f"run directory {run_dir} cannot be created: {parent} is not a writable folder")
+
+
+def check_cpus(cfg: Config) -> None:
+    """Raises PreflightError when a local Ray cluster could not place every rollout actor (each reserves
+    ``rollout.threads_per_actor`` CPUs; the other services reserve none), instead of waiting for ever."""
+    if not cfg.ray.use_ray or cfg.ray.address or os.environ.get("RAY_ADDRESS"):
+        return
+    have = cfg.ray.num_cpus or os.cpu_count() or 1
+    need = cfg.rollout.num_actors * cfg.rollout.threads_per_actor
+    if need > have:
+        raise PreflightError(
+            f"rollout.num_actors={cfg.rollout.num_actors} x rollout.threads_per_actor="
+            f"{cfg.rollout.threads_per_actor} needs {need} CPUs; the local Ray cluster has {have} (ray.num_cpus)"
+        )
 
 
 def load_data(cfg: Config) -> list[GSM8KExample]:
     d = Path(cfg.data.dir) if cfg.data.dir else default_dataset_dir()
-    return load_gsm8k(d / cfg.data.train_file)
+    data = load_gsm8k(d / cfg.data.train_file)
+    if not data:
+        raise PreflightError(f"{d / cfg.data.train_file}: the dataset holds no examples")
+    return data
 
 
 # ---------------------------------------------------------------------------------------------- scheduling
@@ -121,8 +233,11 @@ class LengthPredictor:
 
 # ---------------------------------------------------------------------------------------------- driver
 class RLDriver:
-    def __init__(self, cfg: Config, run_dir: Path | None = None, console=None):
+    """The RL loop. ``resume``: continue the run in ``run_dir`` from its newest complete checkpoint."""
+
+    def __init__(self, cfg: Config, run_dir: Path | None = None, console=None, resume: bool = False):
         self.cfg = cfg
+        self.resume = resume
         self.console = console
         self.log = console.print if console is not None else print
         # --- preflight: nothing is written before these pass
@@ -132,6 +247,8 @@ class RLDriver:
 
         self.tokenizer = Tokenizer.from_file(str(self.model_path / "tokenizer.json"))
         self.run_dir = Path(run_dir) if run_dir else resolve_path(cfg.run.runs_dir) / new_run_id(cfg.run.name)
+        check_run_dir(self.run_dir, resume)
+        check_cpus(cfg)
         self.rng = random.Random(cfg.run.seed)
         self.order = list(range(len(self.train)))
         if cfg.data.shuffle:
@@ -141,6 +258,8 @@ class RLDriver:
         self.rows: list[dict] = []
         self.lengths_per_step: list[list[int]] = []
         self._timeline = None
+        self._pending_updates: list[list[dict]] = []  # each update's samples since the newest checkpoint
+        self.trainer_restarts = 0
 
     # ------------------------------------------------------------------ services
     def _start_services(self) -> None:
@@ -178,7 +297,10 @@ class RLDriver:
             self.log,
         )
         self.plane.start()
-        self.log(f"coordinator: tailspec status --address {self.plane.coordinator_address}")
+        self.log(
+            f"coordinator at {self.plane.coordinator_address}: tailspec status --run-dir {self.run_dir} "
+            "(the run's token is in its grpc_token file, mode 0600)"
+        )
         from services.policy_trainer.actor import PolicyTrainerService
 
         self.trainer = ActorPool.create(
@@ -339,13 +461,20 @@ class RLDriver:
 
         t0 = time.perf_counter()
         self._set_phase("train")
-        stats = self.trainer.call(0, "train_step", samples)
+        stats = self._trainer_call("train_step", samples)
+        self._pending_updates.append(samples)
+        bad = [k for k in ("loss", "grad_norm") if not np.isfinite(stats.get(k, 0.0))]
+        if bad:
+            raise TrainingError(
+                f"step {step}: non-finite {' and '.join(bad)} ({', '.join(f'{k}={stats[k]}' for k in bad)}); "
+                "stopped before syncing or saving that policy (lower trainer.lr?)"
+            )
         self._set_phase("weight_sync")
         train_s = time.perf_counter() - t0
 
         t0 = time.perf_counter()
         version = int(stats["version"])
-        state = self.trainer.call(0, "policy_state_dict")
+        state = self._trainer_call("policy_state_dict")
         if cfg.ray.use_ray:
             import ray
 
@@ -386,6 +515,7 @@ class RLDriver:
             "bubble_trained_seconds": bubble["bubble_trained_s"],
             "bubble_utilization": bubble["bubble_utilization"],
             "drafter_version": self.plane.drafter_version,
+            "trainer_restarts": self.trainer_restarts,
             **spot_row,
             "workers": [
                 {
@@ -398,6 +528,11 @@ class RLDriver:
                 for res in results
             ],
         }
+        row["rollout_share_of_step"] = rollout_s / max(row["step_seconds"], 1e-9)
+        if row.get("rollout_speedup_vs_plain"):
+            # the same step with its rollout as long as plain decoding's (the replayed sample's ratio)
+            s, r = row["step_seconds"], rollout_s
+            row["step_speedup_vs_plain"] = (s - r + r * row["rollout_speedup_vs_plain"]) / max(s, 1e-9)
         return row
 
     def _spec_metrics(self, outputs: list) -> dict:
@@ -409,6 +544,7 @@ class RLDriver:
         m["strategy"] = self.strategy_name
         if self.speedup:
             m["rollout_speedup_vs_plain"] = self.speedup["speedup"]
+            m["long_tail_speedup_vs_plain"] = self.speedup.get("long_tail_speedup")
             m["speedup_measurement"] = {
                 "method": "replayed sample, speculation off vs on, same worker",
                 **self.speedup,
@@ -418,27 +554,40 @@ class RLDriver:
     # ------------------------------------------------------------------ the run
     def run(self) -> dict:
         cfg = self.cfg
-        writer = RunWriter(self.run_dir)
+        ckpt_state = self._resume_point() if self.resume else None
+        done = ckpt_state[1]["step"] if ckpt_state else 0
+        writer = RunWriter(self.run_dir, resume_after=done if self.resume else None)
         writer.write_config(to_yaml(cfg))
-        self.log(f"run directory: {self.run_dir}")
+        self.log(f"run directory: {self.run_dir}" + (f" (resuming after step {done})" if self.resume else ""))
         t_run = time.perf_counter()
+        self.rows = writer.read_metrics()  # a resumed run's steps so far (the services start at that point)
         self._start_services()
+        caught = _SignalFlag()
         try:
+            if ckpt_state:
+                self._restore(*ckpt_state)
             progress = _Progress(self.console, cfg.trainer.steps)
-            for step in range(1, cfg.trainer.steps + 1):
+            for step in range(done + 1, cfg.trainer.steps + 1):
                 row = self.step(step)
                 writer.append_metrics(row)
                 self._export_metrics(row)
                 self.rows.append(row)
                 progress.update(row)
+                every = cfg.trainer.save_every
+                saved = bool(every) and (step % every == 0 or step == cfg.trainer.steps)
+                if saved or (caught.signum and step < cfg.trainer.steps):
+                    self._save_checkpoint(step)
+                if caught.signum and step < cfg.trainer.steps:
+                    raise RunInterrupted(caught.signum, step, self.run_dir)
             progress.close()
             ckpt = None
             if cfg.trainer.save_checkpoint:
                 ckpt = self.run_dir / "checkpoints" / "policy"
-                self.trainer.call(0, "save_checkpoint", str(ckpt))
+                self._trainer_call("save_checkpoint", str(ckpt))
                 _copy_tokenizer(self.model_path, ckpt)
             self._timeline = self.plane.timeline()
         finally:
+            caught.restore()
             self._stop_services()
         plot_response_lengths(
             self.lengths_per_step, self.run_dir / "plots" / "response_length.png", cfg.rollout.max_new_tokens
@@ -471,6 +620,92 @@ class RLDriver:
         _print_table(self.console, self.rows, summary)
         return summary
 
+    # ------------------------------------------------------------------ checkpoints and resume
+    def _save_checkpoint(self, step: int) -> Path:
+        """Write ``checkpoints/step-<step>`` atomically (a temporary folder renamed into place, ``driver.json``
+        last): the trainer's policy + optimizer state, the tuner's state, and the driver's data cursor, RNG and
+        length history. Keeps the newest ``CHECKPOINTS_KEPT``."""
+        root = self.run_dir / "checkpoints"
+        tmp, final = root / f".step-{step}.tmp", root / f"step-{step}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self._trainer_call("save_state", str(tmp / "trainer"))
+        tuner = root / "tuner_state.json"
+        if tuner.is_file():
+            shutil.copy2(tuner, tmp / "tuner_state.json")
+        state = {
+            "step": step,
+            "policy_version": self.rows[-1]["policy_version"] if self.rows else 0,
+            "cursor": self.cursor,
+            "order": self.order,
+            "rng": self.rng.getstate(),
+            "length_history": self.lengths.hist,
+            "length_global_mean": self.lengths.global_mean,
+            "lengths_per_step": self.lengths_per_step,
+        }
+        (tmp / "driver.json").write_text(json.dumps(state))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        self._pending_updates = []  # the trainer can now be restored from this checkpoint alone
+        old = sorted(
+            (p for p in root.glob("step-*") if p != final), key=lambda p: int(p.name.split("-", 1)[1])
+        )
+        for p in old[: max(0, len(old) - (CHECKPOINTS_KEPT - 1))]:
+            shutil.rmtree(p, ignore_errors=True)
+        return final
+
+    def _trainer_call(self, method: str, *args):
+        """A policy-trainer call; a trainer actor that died is restarted once (``_restart_trainer``) and the
+        call repeated, so the run goes on with the step in flight redone."""
+        try:
+            return self.trainer.call(0, method, *args)
+        except Exception as e:
+            if not actor_died(e):
+                raise
+            self._restart_trainer(f"{method}: {type(e).__name__}")
+            return self.trainer.call(0, method, *args)
+
+    def _restart_trainer(self, why: str) -> None:
+        """A fresh trainer actor, restored to the policy version the run had: the newest checkpoint, then the
+        updates since it replayed on their own samples (same samples, same shuffling state: same weights)."""
+        self.trainer.respawn(0)
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is not None:
+            self.trainer.call(0, "load_state", str(ckpt / "trainer"))
+        for samples in self._pending_updates:
+            self.trainer.call(0, "train_step", samples)
+        self.trainer_restarts += 1
+        self.log(
+            f"policy trainer died ({why}); restarted from {ckpt.name if ckpt else 'the initial policy'} "
+            f"+ {len(self._pending_updates)} replayed update(s)"
+        )
+
+    def _resume_point(self) -> tuple[Path, dict]:
+        """The newest complete checkpoint and its driver state; points the tuner at its saved state."""
+        ckpt = latest_checkpoint(self.run_dir)
+        assert ckpt is not None  # checked in preflight
+        state = json.loads((ckpt / "driver.json").read_text())
+        if self.cfg.tuner.enabled and (ckpt / "tuner_state.json").is_file():
+            self.cfg.tuner.init_state = str(ckpt / "tuner_state.json")
+        return ckpt, state
+
+    def _restore(self, ckpt: Path, state: dict) -> None:
+        """Continue from ``ckpt``: trainer (policy, optimizer), the rollout actors' weights, data cursor, RNG."""
+        version = self._trainer_call("load_state", str(ckpt / "trainer"))
+        weights = self._trainer_call("policy_state_dict")
+        if self.cfg.ray.use_ray:
+            import ray
+
+            weights = ray.put(weights)
+        self.plane.load_weights(weights, version)
+        self.cursor, self.order = state["cursor"], state["order"]
+        v, internal, gauss = state["rng"]
+        self.rng.setstate((v, tuple(internal), gauss))
+        self.lengths.hist = {k: list(h) for k, h in state["length_history"].items()}
+        self.lengths.global_mean = state["length_global_mean"]
+        self.lengths_per_step = state["lengths_per_step"]
+        self.log(f"resumed from {ckpt} (policy version {version})")
+
     def _summary(self, wall: float, ckpt) -> dict:
         rows = self.rows
         return {
@@ -485,6 +720,9 @@ class RLDriver:
             "step_seconds_total": sum(r["step_seconds"] for r in rows),
             "tokens_generated_total": sum(r["tokens_generated"] for r in rows),
             "response_len_max": max(r["response_len_max"] for r in rows),
+            "response_len_p99_over_p50": _tail_ratio([n for lens in self.lengths_per_step for n in lens]),
+            "rollout_share_of_step": sum(r["rollout_seconds"] for r in rows)
+            / max(sum(r["step_seconds"] for r in rows), 1e-9),
             "wall_seconds": wall,
             "policy_version": rows[-1]["policy_version"],
             "base_model": str(self.model_path),
@@ -535,7 +773,6 @@ class RLDriver:
                 "init_state": self.cfg.tuner.init_state,  # an earlier run's tuner state it started from
                 "observations_total": sum(t["observations"] for t in rows),
                 "choices_total": choices,
-                "demotions_total": sum(t.get("demotions", 0) for t in rows),
                 "best_by_bucket": rows[-1]["best_by_bucket"],
                 "exploration_fraction": rows[-1]["exploration_fraction"],
                 "arm_reward_median": rows[-1]["arm_reward_median"],
@@ -552,6 +789,8 @@ class RLDriver:
         accepted = sum(r["accepted_tokens"] for r in rows)
         verify = sum(r["verify_steps"] for r in rows)
         speedups = [r["rollout_speedup_vs_plain"] for r in rows if r.get("rollout_speedup_vs_plain")]
+        tails = [r["long_tail_speedup_vs_plain"] for r in rows if r.get("long_tail_speedup_vs_plain")]
+        steps = [r["step_speedup_vs_plain"] for r in rows if r.get("step_speedup_vs_plain")]
         return {
             "speculative_strategy": self.strategy_name,
             "drafted_tokens_total": drafted,
@@ -562,7 +801,40 @@ class RLDriver:
             "rollout_speedup_vs_plain": float(np.mean(speedups)) if speedups else None,
             "rollout_speedup_vs_plain_method": "mean over steps of a replayed sample of each step's prompts, "
             "speculation off vs on on the same worker (not the live rollout)",
+            "long_tail_speedup_vs_plain": float(np.mean(tails)) if tails else None,
+            "long_tail_speedup_vs_plain_method": "the same replayed samples, decode steps with <= "
+            f"{LONG_TAIL_BATCH} active requests only",
+            "step_speedup_vs_plain": float(np.mean(steps)) if steps else None,
+            "step_speedup_vs_plain_method": "mean over steps of step seconds with the rollout scaled by the "
+            "replayed sample's speedup, over step seconds",
         }
+
+
+class _SignalFlag:
+    """While a run is in progress, SIGINT and SIGTERM only record the signal (``signum``); the loop finishes
+    the step, writes a checkpoint and stops. Only the main thread can install handlers; elsewhere a no-op."""
+
+    def __init__(self):
+        self.signum = 0
+        self._old = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._set)
+
+    def _set(self, signum, frame) -> None:
+        self.signum = signum
+
+    def restore(self) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+
+def _tail_ratio(lengths: list[int]) -> float | None:
+    """p99 / p50 of the run's response lengths (how long the rollouts' tail is); None without responses."""
+    if not lengths:
+        return None
+    p50, p99 = np.percentile(lengths, [50, 99])
+    return float(p99 / max(p50, 1.0))
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> None:
@@ -591,6 +863,10 @@ class _Progress:
             f"rollout {r['rollout_seconds']:.1f}s  train {r['train_seconds']:.1f}s  "
             f"step {r['step_seconds']:.1f}s  v{r['policy_version']}"
         )
+        if r.get("acceptance_length_mean"):
+            msg += f"  tau {r['acceptance_length_mean']:.2f}"
+        if r.get("long_tail_speedup_vs_plain"):
+            msg += f"  tail x{r['long_tail_speedup_vs_plain']:.2f}"
         (self.console.print if self.console is not None else print)(msg)
 
     def close(self) -> None:

@@ -25,14 +25,32 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 class RunWriter:
-    def __init__(self, run_dir: Path):
+    """The run folder's files. ``resume_after`` (a resumed run): keep ``metrics.jsonl``'s rows of steps
+    ``<= resume_after`` (rewritten atomically) instead of starting it empty."""
+
+    def __init__(self, run_dir: Path, resume_after: int | None = None):
         self.dir = Path(run_dir)
         if (self.dir / "summary.json").exists():
             raise FileExistsError(f"run directory {self.dir} already holds a finished run (summary.json)")
         (self.dir / "plots").mkdir(parents=True, exist_ok=True)
         (self.dir / "checkpoints").mkdir(exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
-        self.metrics_path.write_text("")
+        kept = (
+            [r for r in self.read_metrics() if r["step"] <= resume_after] if resume_after is not None else []
+        )
+        atomic_write_text(self.metrics_path, "".join(json.dumps(r, default=_jsonable) + "\n" for r in kept))
+
+    def read_metrics(self) -> list[dict]:
+        """The rows of ``metrics.jsonl`` (a torn last line, from a process killed mid-write, is dropped)."""
+        if not self.metrics_path.exists():
+            return []
+        rows = []
+        for line in self.metrics_path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+        return rows
 
     def write_config(self, yaml_text: str) -> None:
         atomic_write_text(self.dir / "config.yaml", yaml_text)
@@ -63,6 +81,7 @@ def length_stats(lengths: list[int]) -> dict:
         "response_len_mean": float(a.mean()),
         "response_len_p50": float(np.percentile(a, 50)),
         "response_len_p90": float(np.percentile(a, 90)),
+        "response_len_p99": float(np.percentile(a, 99)),
         "response_len_max": int(a.max()),
     }
 

@@ -37,6 +37,10 @@ class PolicyTrainerService:
     def ping(self) -> int:
         return self.trainer.version
 
+    def pid(self) -> int:
+        """This actor's process id (fault tests kill it)."""
+        return os.getpid()
+
     def train_step(self, samples: list[dict]) -> dict:
         before = torch.get_num_threads()
         torch.set_num_threads(self.threads)
@@ -50,3 +54,11 @@ class PolicyTrainerService:
 
     def save_checkpoint(self, path: str) -> None:
         self.trainer.save_checkpoint(path)
+
+    def save_state(self, path: str) -> None:
+        self.trainer.save_state(path)
+
+    def load_state(self, path: str) -> int:
+        """Continue from a ``save_state`` folder; returns the restored policy version."""
+        self.trainer.load_state(path)
+        return self.trainer.version

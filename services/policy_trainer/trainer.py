@@ -26,6 +26,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -83,6 +84,10 @@ class _TorchBackend:
 
     def state(self) -> dict[str, Any]:
         return {"backend": self.name, "optimizer_steps": self.steps, "optimizer": self.optimizer.state_dict()}
+
+    def checkpoint_globals(self) -> list:
+        """Classes besides tensors and plain data in the optimizer's state dict (none for AdamW)."""
+        return []
 
 
 def _free_port() -> int:
@@ -195,6 +200,15 @@ class _DeepSpeedBackend:
             "zero_stage": self.engine.zero_optimization_stage(),
             "optimizer": self.optimizer.state_dict(),
         }
+
+    def checkpoint_globals(self) -> list:
+        """DeepSpeed classes in the ZeRO optimizer's state dict, allowed by name when a checkpoint is read
+        (``torch.load(weights_only=True)`` constructs nothing else)."""
+        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
+
+        return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
 
 
 # ---------------------------------------------------------------------------------------------- trainer
@@ -363,3 +377,40 @@ class PolicyTrainer:
     def optimizer_state(self) -> dict[str, Any]:
         """The backend's state: name, optimizer steps taken, the optimizer's state_dict."""
         return self._backend.state()
+
+    def save_state(self, path: str | os.PathLike) -> None:
+        """Everything a resumed run needs to continue exactly: ``path/policy`` (Hugging Face format) and
+        ``path/trainer.pt`` (version, optimizer state and steps, the micro-batch shuffling generator). Plain
+        tensors and numbers only: ``load_state`` reads it with ``torch.load(weights_only=True)``."""
+        path = Path(path)
+        self.save_checkpoint(path / "policy")
+        b = self._backend
+        state = {
+            "version": self.version,
+            "backend": b.name,
+            "optimizer_steps": b.steps,
+            "optimizer": b.optimizer.state_dict(),
+            "generator": self._gen.get_state(),
+        }
+        torch.save(state, path / "trainer.pt")
+
+    def load_state(self, path: str | os.PathLike) -> None:
+        """Restore what ``save_state`` wrote into this trainer (same model shape and backend).
+
+        Raises:
+            ValueError: the checkpoint was written by another backend, or its weights do not fit the model.
+        """
+        path = Path(path)
+        b = self._backend
+        with torch.serialization.safe_globals(b.checkpoint_globals()):
+            state = torch.load(path / "trainer.pt", weights_only=True)
+        if state["backend"] != b.name:
+            raise ValueError(f"{path}: written by the {state['backend']} backend, this trainer uses {b.name}")
+        weights = Transformer.from_pretrained(path / "policy").state_dict()
+        with torch.no_grad():
+            self.model.load_state_dict(weights)
+        # DeepSpeed's ZeRO optimizer takes one state dict per data-parallel rank (a single rank here)
+        b.optimizer.load_state_dict([state["optimizer"]] if b.name == "deepspeed" else state["optimizer"])
+        b.steps = int(state["optimizer_steps"])
+        self.version = int(state["version"])
+        self._gen.set_state(state["generator"])

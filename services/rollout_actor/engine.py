@@ -19,8 +19,8 @@ Contract
   deterministic drafter (suffix, n-gram, greedy heads) changes how fast, never which, tokens are emitted
   (up to float round-off between a verify and a decode forward). Sampled drafts (``probs`` set) are verified
   by the sequential rule with further uniforms from the generator.
-* Speculation: per decode step the ``StrategyPolicy`` gives every request a ``Strategy`` (or, under the
-  policy's ``Lease``, the step is plain and the policy is not asked: ``speculative/strategy.py``); the named
+* Speculation: per decode step the ``StrategySelector`` gives every request a ``Strategy`` (or, under the
+  selector's ``Lease``, the step is plain and the selector is not asked: ``speculative/strategy.py``); the named
   drafter proposes a chain or tree; all requests are verified in ONE batched target forward (tree attention
   masks); ``speculative.verify.verify_tree`` applies the lossless acceptance rule; rejected KV positions are
   rolled back (only the slot length moves) and an accepted tree path is compacted in place.
@@ -66,12 +66,12 @@ from services.rollout_actor.sampling import processed_probs, sample_from_probs
 from services.rollout_actor.speculative.base import Drafter, DraftRequest, DraftTree
 from services.rollout_actor.speculative.strategy import (
     OFF,
-    FixedPolicy,
+    FixedStrategy,
     Lease,
     LeaseSample,
     StepObservation,
     Strategy,
-    StrategyPolicy,
+    StrategySelector,
 )
 from services.rollout_actor.speculative.verify import verify_tree
 
@@ -140,7 +140,7 @@ class StepRecord:
     accepted: int
     draft_seconds: float
     capture_seconds: float = 0.0  # part of ``seconds`` spent capturing CUDA graphs (one-off; not observed)
-    leased: bool = False  # a plain step played under the policy's ``Lease``: neither chosen nor observed
+    leased: bool = False  # a plain step played under the selector's ``Lease``: neither chosen nor observed
     # the process's CPU time over ``seconds`` (``Engine(cpu_clock=True)`` only)
     cpu_seconds: float | None = None
 
@@ -196,7 +196,7 @@ class Engine:
         tokenizer: optional ``tokenizers.Tokenizer``-like object with ``decode(ids)``; needed for stop strings
             and ``RequestOutput.text``.
         drafters: name -> ``Drafter`` available to strategies.
-        policy: per-step ``StrategyPolicy`` (default: speculation off).
+        selector: per-step ``StrategySelector`` (default: speculation off).
         hidden_layers: target layers whose hidden states the learned drafter reads (``num_hidden_layers`` =
             the final normed state). Empty: no hidden states are kept.
         hidden_sink: optional callback ``(request_id, positions [n], tokens [n], hidden [n, k, H])`` receiving,
@@ -227,7 +227,7 @@ class Engine:
         eos_token_ids: Sequence[int] | None = None,
         tokenizer=None,
         drafters: dict[str, Drafter] | None = None,
-        policy: StrategyPolicy | None = None,
+        selector: StrategySelector | None = None,
         hidden_layers: Sequence[int] = (),
         hidden_sink: Callable[..., None] | None = None,
         seed: int = 0,
@@ -247,7 +247,7 @@ class Engine:
         self.replay_eos = eos[0] if eos else None  # what a replay request emits after its trace
         self.tokenizer = tokenizer
         self.drafters = dict(drafters or {})
-        self.policy = policy or FixedPolicy()
+        self.selector = selector or FixedStrategy()
         self.cpu_clock = bool(cpu_clock)
         self.hidden_layers = tuple(hidden_layers)
         self.hidden_sink = hidden_sink
@@ -288,13 +288,13 @@ class Engine:
 
     # ------------------------------------------------------------------ public API
     @property
-    def policy(self) -> StrategyPolicy:
-        return self._policy
+    def selector(self) -> StrategySelector:
+        return self._selector
 
-    @policy.setter
-    def policy(self, policy: StrategyPolicy) -> None:
-        self._policy = policy
-        self._lease: Lease | None = None  # the policy's, once it has been asked (strategy.py: leases)
+    @selector.setter
+    def selector(self, selector: StrategySelector) -> None:
+        self._selector = selector
+        self._lease: Lease | None = None  # the selector's, once it has been asked (strategy.py: leases)
 
     def now(self) -> float:
         return time.perf_counter() - self.clock_origin
@@ -592,21 +592,22 @@ class Engine:
             )
         )
         if lease is None:
-            policy = self._policy
-            policy.observe(StepObservation(b, arm, committed, drafted, accepted, seconds, captured))
-            self._lease = getattr(policy, "lease", None)
+            selector = self._selector
+            selector.observe(StepObservation(b, arm, committed, drafted, accepted, seconds, captured))
+            self._lease = getattr(selector, "lease", None)
         return finished
 
     def _propose_step(
         self, rows: list[_Running]
     ) -> tuple[Lease | None, bool, list[Strategy], list[DraftTree]]:
-        """The step's strategies and drafts: under the policy's lease a plain step, not asked (strategy.py:
-        leases; ``sampled``: the lease times this step for the policy); else ``policy.choose`` then propose.
+        """The step's strategies and drafts: under the selector's lease a plain step, not asked (strategy.py:
+        leases; ``sampled``: the lease times this step for the selector); else ``selector.choose`` then
+        propose.
         Returns (lease or None, sampled, strategies [B], drafts [B])."""
         b = len(rows)
         lease = self._lease
         if lease is not None and not (lease.left > 0 and lease.lo <= b < lease.hi):
-            lease = self._lease = lease.covering(b)  # another of the policy's leases, or none: ask
+            lease = self._lease = None  # spent, or another batch size: ask the selector
         if lease is not None:
             return lease, lease.take(), [OFF] * b, [DraftTree() for _ in rows]
         dreqs = [
@@ -619,7 +620,7 @@ class Engine:
             )
             for r in rows
         ]
-        strategies = self._policy.choose(dreqs)
+        strategies = self._selector.choose(dreqs)
         return None, False, strategies, self._propose(rows, dreqs, strategies)
 
     def _build_verify_batch(

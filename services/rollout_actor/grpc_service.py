@@ -1,14 +1,16 @@
 """The rollout actor's gRPC face (``protos/tailspec/v1/rollout.proto``) and its client.
 
-Control only: the driver pushes the tuner's merged strategy table (``SetStrategyTable``) and newly published
-drafter versions (``LoadDrafter``: the version and the folder the spot trainer published it to; the weights
-are read from there, never sent over gRPC) and asks for status. Both are applied at once when the actor is
+Control only: the driver pushes the tuner's merged strategy table (``SetStrategyTable``, checked field by
+field) and newly published drafter versions (``LoadDrafter``: the version, optionally the folder the spot
+trainer published it to; the weights are read from the run's own published-drafter folder only, as JSON +
+safetensors, never unpickled, and never sent over gRPC; ``RolloutWorker.published_drafter``) and asks for
+status. Every call carries the run's token. Both are applied at once when the actor is
 between rollout phases, otherwise at the start of its next rollout (``deferred=true``): never in the middle of
 a request. Policy weights stay on the Ray object store (``RolloutWorker.load_weights``); ``LoadPolicy`` is
 not served (UNIMPLEMENTED).
 
-    address = worker.serve()                       # in the actor's process
-    client = RolloutClient(address)
+    address = worker.serve(token=token)            # in the actor's process
+    client = RolloutClient(address, token)
     client.set_table(table)                        # BucketedBandit.table() dict
     client.load_drafter(version, "/run/checkpoints/spot_trainer/published/v000000003")
 """
@@ -20,8 +22,9 @@ from typing import Any
 
 from services.common.grpc_server import channel
 from services.common.proto_gen.tailspec.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from services.common.validation import InvalidArgument
 from services.coordinator.service import state_from_pb, state_pb
-from services.tuner.grpc_service import table_from_pb, table_to_pb
+from services.tuner.grpc_service import check_table_pb, table_from_pb, table_to_pb
 
 SERVICE_NAME = "tailspec.v1.RolloutService"
 
@@ -36,6 +39,15 @@ class RolloutGrpc:
     def set_strategy_table(
         self, req: rollout_pb2.SetStrategyTableRequest
     ) -> rollout_pb2.SetStrategyTableResponse:
+        check_table_pb(req.table, "table")
+        have = getattr(self.worker, "drafters", None)
+        if have is not None:
+            for a in req.table.arms:
+                name = common_pb2.Drafter.Name(a.drafter).removeprefix("DRAFTER_").lower()
+                if name != "off" and name not in have:
+                    raise InvalidArgument(
+                        f"table.arms: arm {a.name!r} needs drafter {name!r}, not on this actor"
+                    )
         accepted, deferred, active = self.worker.apply_table(table_from_pb(req.table))
         msg = "" if accepted else "not newer than the active table (or no tuner on this actor)"
         return rollout_pb2.SetStrategyTableResponse(
@@ -46,9 +58,7 @@ class RolloutGrpc:
 
     def load_drafter(self, req: rollout_pb2.LoadDrafterRequest) -> rollout_pb2.LoadDrafterResponse:
         d = req.drafter
-        if not d.checkpoint_path:
-            raise ValueError("LoadDrafterRequest.drafter.checkpoint_path is required (weights are not sent)")
-        accepted, deferred, active = self.worker.apply_drafter(int(d.version), d.checkpoint_path)
+        accepted, deferred, active = self.worker.apply_drafter(int(d.version), d.checkpoint_path or None)
         return rollout_pb2.LoadDrafterResponse(
             accepted=accepted,
             deferred=deferred,

@@ -22,13 +22,15 @@ import threading
 import time
 import zlib
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
 from services.rollout_actor.engine import Engine, GenerationRequest, RequestOutput, SamplingParams, StepRecord
 from services.rollout_actor.model import Transformer
 from services.rollout_actor.speculative.base import Drafter
-from services.rollout_actor.speculative.strategy import FixedPolicy, Strategy, StrategyPolicy
+from services.rollout_actor.speculative.stats import aggregate, long_tail_seconds
+from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy, StrategySelector
 
 
 def build_drafters(
@@ -108,8 +110,7 @@ class ShardResult:
     outputs: list[RequestOutput]
     steps: list[StepRecord]
     choices: dict | None = None  # tuner arm -> decode steps it was chosen for (None without a tuner)
-    observations_reported: int = 0  # records sent to the tuner after this shard (quiet steps ride on them)
-    demotions: int = 0  # buckets whose drafting best this actor demoted to off (TablePolicy), this shard
+    observations_reported: int = 0  # records sent to the tuner after this shard (leased steps ride on them)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -124,8 +125,10 @@ class RolloutWorker:
         sampling: temperature / top_p / top_k / max_new_tokens used for every request.
         max_batch_size: KV slots.
         threads: torch intra-op threads for this worker.
-        policy: speculation strategy policy (default off).
+        selector: per-step speculation ``StrategySelector`` (default: ``rollout.speculative``'s fixed strategy).
         drafters: name -> Drafter.
+        drafter_dir: the run's published-drafter folder (``<run>/checkpoints/spot_trainer/published``);
+            ``LoadDrafter`` loads a version only from there (None: it loads none).
     """
 
     def __init__(
@@ -135,13 +138,14 @@ class RolloutWorker:
         sampling: dict,
         max_batch_size: int = 64,
         threads: int = 1,
-        policy: StrategyPolicy | None = None,
+        selector: StrategySelector | None = None,
         drafters: dict | None = None,
         max_seq_len: int | None = None,
         speculative: dict | None = None,
         tuner_table: dict | None = None,
         tuner_budgets: dict | None = None,
         learned: dict | None = None,
+        drafter_dir: str | None = None,
     ):
         torch.set_num_threads(max(1, threads))
         from tokenizers import Tokenizer
@@ -155,21 +159,23 @@ class RolloutWorker:
         self.max_batch_size = max_batch_size
         self.strategy = strategy_from_config(speculative)
         self.learned_cfg = learned
+        # the run's published-drafter folder: LoadDrafter loads only versions published there
+        self.drafter_dir = None if drafter_dir is None else Path(drafter_dir).resolve()
         self.drafters = drafters if drafters is not None else build_drafters(self.model, learned=learned)
         learned_drafter = self.drafters.get("learned")
         self.hidden_layers = tuple(getattr(learned_drafter, "required_hidden_layers", ()))
         self.drafter_version = 0
         self._pre_rollout_state: dict | None = None
         self.tuned = None
-        if tuner_table is not None and policy is None:
+        if tuner_table is not None and selector is None:
             from services.tuner.budgets import BudgetConfig
-            from services.tuner.policy import TunedStrategyPolicy
+            from services.tuner.selector import StrategySelector as TunedSelector
 
-            self.tuned = TunedStrategyPolicy(
+            self.tuned = TunedSelector(
                 tuner_table, BudgetConfig.from_dict(tuner_budgets or {}), seed=worker_id
             )
-            policy = self.tuned
-        self.engine = self._new_engine(self.drafters, policy or FixedPolicy(self.strategy))
+            selector = self.tuned
+        self.engine = self._new_engine(self.drafters, selector or FixedStrategy(self.strategy))
         # control plane: rollout() holds _busy; gRPC updates arriving meanwhile wait in _pending
         self._busy = threading.Lock()
         self._pending: dict[str, tuple] = {}
@@ -186,8 +192,9 @@ class RolloutWorker:
 
     # ------------------------------------------------------------------ control plane (gRPC)
     def serve(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> str:
-        """Serve ``tailspec.v1.RolloutService`` (plus health) from this process; returns ``host:port``."""
-        from services.common.grpc_server import GrpcServer, expose
+        """Serve ``tailspec.v1.RolloutService`` (plus health) from this process; returns ``host:port``. Every
+        call must carry ``token`` (required)."""
+        from services.common.grpc_server import GrpcServer, expose, require_token
         from services.common.proto_gen.tailspec.v1 import rollout_pb2_grpc
         from services.rollout_actor.grpc_service import RolloutGrpc
 
@@ -196,7 +203,7 @@ class RolloutWorker:
             [expose(rollout_pb2_grpc.RolloutServiceServicer, adapter)],
             host=host,
             port=port,
-            token=token,
+            token=require_token(token, "a rollout actor's gRPC service"),
             name=f"rollout-{self.worker_id}",
         )
         self.server.start()
@@ -209,7 +216,7 @@ class RolloutWorker:
         return "ROLLOUT" if self._in_rollout else self._coord_state
 
     def _versions(self) -> dict:
-        table = self.tuned.table.version if self.tuned is not None else 0
+        table = self.tuned.version if self.tuned is not None else 0
         return dict(
             policy_version=self.policy_version,
             drafter_version=self.drafter_version,
@@ -279,43 +286,93 @@ class RolloutWorker:
         Returns (accepted, deferred, active table version)."""
         if self.tuned is None:
             return False, False, 0
-        if int(table.get("version", 0)) <= self.tuned.table.version:
-            return False, False, self.tuned.table.version
+        if int(table.get("version", 0)) <= self.tuned.version:
+            return False, False, self.tuned.version
         if not self._busy.acquire(blocking=False):
             self._pending["table"] = (table,)
-            return True, True, self.tuned.table.version
+            return True, True, self.tuned.version
         try:
             self.tuned.update_table(table)
         finally:
             self._busy.release()
-        return True, False, self.tuned.table.version
+        return True, False, self.tuned.version
 
-    def apply_drafter(self, version: int, path: str) -> tuple[bool, bool, int]:
-        """Load the learned drafter version published at ``path`` now, or at the next rollout when one is
-        running. Returns (accepted, deferred, active drafter version)."""
+    def published_drafter(self, version: int, path: str | None = None) -> Path:
+        """The folder of drafter ``version`` in the run's published-drafter folder (``drafter_dir``).
+
+        ``path`` (optional, as ``LoadDrafter`` carries it) must name that very folder. Raises
+        ``InvalidArgument`` for a version < 1, a relative path, a path outside the run's folder (symlinks
+        resolved) or another version's folder, and when this actor has no learned drafter or no folder;
+        ``Refused`` (NOT_FOUND) when the version is not published there (complete, marker written)."""
+        from services.common.validation import InvalidArgument, Refused, check_counter
+        from services.spot_trainer.trainer import MARKER, PUBLISHED_TENSORS, STATE_JSON
+
+        if "learned" not in self.drafters:
+            raise InvalidArgument(f"worker {self.worker_id} has no learned drafter")
+        if self.drafter_dir is None:
+            raise InvalidArgument(f"worker {self.worker_id} has no published-drafter folder to load from")
+        version = check_counter(version, "drafter.version", at_least=1)
+        root = self.drafter_dir
+        folder = root / f"v{version:09d}"
+        if path:
+            given = Path(path)
+            if not given.is_absolute():
+                raise InvalidArgument(f"drafter.checkpoint_path {str(path)[:200]!r} is not absolute")
+            real = given.resolve()
+            if not real.is_relative_to(root):
+                raise InvalidArgument(
+                    f"drafter.checkpoint_path {str(path)[:200]!r} is outside the run's drafter folder {root}"
+                )
+            if real != folder.resolve():
+                raise InvalidArgument(
+                    f"drafter.checkpoint_path {str(path)[:200]!r} is not the folder of version {version}"
+                )
+        real = folder.resolve()
+        files = [real / f for f in (MARKER, STATE_JSON, PUBLISHED_TENSORS)]
+        if not real.is_relative_to(root) or not all(
+            f.is_file() and f.resolve().is_relative_to(root) for f in files
+        ):
+            raise Refused(f"drafter version {version} is not published in the run's drafter folder {root}")
+        return real
+
+    def apply_drafter(self, version: int, path: str | None = None) -> tuple[bool, bool, int]:
+        """Load the learned drafter ``version`` from the run's published-drafter folder now, or at the next
+        rollout when one is running (``path``, optional, must name that version's folder there:
+        ``published_drafter``). Returns (accepted, deferred, active drafter version)."""
+        folder = self.published_drafter(version, path)
         if version <= self.drafter_version:
             return False, False, self.drafter_version
         if not self._busy.acquire(blocking=False):
-            self._pending["drafter"] = (version, path)
+            self._pending["drafter"] = (version, str(folder))
             return True, True, self.drafter_version
         try:
-            self._load_published(version, path)
+            self._load_published(version, str(folder))
         finally:
             self._busy.release()
         return True, False, self.drafter_version
 
     def _load_published(self, version: int, path: str) -> None:
+        """Load a published drafter (JSON + safetensors, never a pickle); ``ValueError`` leaves the drafter
+        as it was."""
         from services.spot_trainer.trainer import load_published
 
         self.load_drafter(load_published(path), version)
 
     def _apply_pending(self) -> None:
-        """At a phase boundary (start of a rollout): what gRPC delivered while the last one ran."""
+        """At a phase boundary (start of a rollout): what gRPC delivered while the last one ran. A drafter
+        version that no longer loads (pruned, malformed) is logged and skipped: the rollout goes on with the
+        drafter it has."""
         pending, self._pending = self._pending, {}
         if "table" in pending and self.tuned is not None:
             self.tuned.update_table(pending["table"][0])
         if "drafter" in pending:
-            self._load_published(*pending["drafter"])
+            version, path = pending["drafter"]
+            try:
+                self._load_published(version, str(self.published_drafter(version, path)))
+            except (OSError, ValueError) as e:
+                logging.getLogger(__name__).warning(
+                    "worker %s: drafter version %s not loaded: %s", self.worker_id, version, e
+                )
 
     def status(self) -> dict:
         return dict(
@@ -340,7 +397,7 @@ class RolloutWorker:
         if not obs:
             return choices, 0
         try:
-            self._tuner.report(str(self.worker_id), obs, self.tuned.table.version)
+            self._tuner.report(str(self.worker_id), obs, self.tuned.version)
         except Exception as e:  # the tuner is advisory: a lost batch costs tuning data, never the rollout
             logging.getLogger(__name__).warning(
                 "worker %s: %d observations not reported to the tuner: %s", self.worker_id, len(obs), e
@@ -372,27 +429,30 @@ class RolloutWorker:
         if self.server is not None:
             self.server.stop()
 
-    def _replay_policy(self) -> StrategyPolicy:
+    def _replay_selector(self) -> StrategySelector:
         if self.tuned is None:
-            return FixedPolicy(self.strategy)
+            return FixedStrategy(self.strategy)
         return copy.deepcopy(self.tuned)
 
-    def _new_engine(self, drafters: dict, policy: StrategyPolicy) -> Engine:
+    def _new_engine(self, drafters: dict, selector: StrategySelector) -> Engine:
         return Engine(
             self.model,
             max_batch_size=self.max_batch_size,
             max_seq_len=self.max_seq_len,
             tokenizer=self.tokenizer,
             drafters=drafters,
-            policy=policy,
+            selector=selector,
             hidden_layers=self.hidden_layers if "learned" in drafters else (),
             hidden_sink=self.hidden_sink if "learned" in drafters else None,
         )
 
     # ------------------------------------------------------------------ hidden states -> spot trainer
-    def connect_spot_trainer(self, address: str | list[str], stream_fraction: float = 1.0) -> bool:
+    def connect_spot_trainer(
+        self, address: str | list[str], stream_fraction: float = 1.0, token: str | None = None
+    ) -> bool:
         """Stream committed tokens' hidden states (one frame per finished request) to the spot trainer (one
-        ZeroMQ endpoint, or several replicas' endpoints: frames are spread round-robin over them).
+        ZeroMQ endpoint, or several replicas' endpoints: frames are spread round-robin over them). With
+        ``token`` (the run's secret) every frame carries an HMAC-SHA256 the receivers check.
 
         Only requests selected by ``streams_hidden(request_id, stream_fraction)`` are collected and sent
         (``spot.stream_fraction``). Raises ValueError if ``stream_fraction`` is not in (0, 1]."""
@@ -405,10 +465,10 @@ class RolloutWorker:
 
         if getattr(self, "_sender", None) is not None:  # re-pointed after a replica restart
             self._sender.close()
-        self._sender = HiddenStateSender(address, hwm=1024)
+        self._sender = HiddenStateSender(address, hwm=1024, token=token)
         self._pending_hidden: dict[str, list | None] = {}  # None: a request that is not streamed
         self.hidden_sink = self._collect_hidden
-        self.engine = self._new_engine(self.drafters, self.engine.policy)
+        self.engine = self._new_engine(self.drafters, self.engine.selector)
         return True
 
     hidden_sink = None
@@ -438,6 +498,16 @@ class RolloutWorker:
         d = self.drafters.get("learned")
         if d is None:
             raise ValueError(f"worker {self.worker_id} has no learned drafter")
+        own = d.model.state_dict()
+        bad = sorted(set(own) ^ set(state)) or [
+            k
+            for k, v in own.items()
+            if not isinstance(state[k], torch.Tensor)
+            or state[k].shape != v.shape
+            or state[k].dtype != v.dtype
+        ]
+        if bad:  # checked before loading: a half-loaded head would be worse than the old one
+            raise ValueError(f"worker {self.worker_id}: drafter state does not match the head: {bad[:3]}")
         d.model.load_state_dict(state)
         self.drafter_version = version
         return version
@@ -537,10 +607,9 @@ class RolloutWorker:
             c["drafted_tokens"] += sum(s.drafted for s in steps)
             c["accepted_tokens"] += sum(s.accepted for s in steps)
             choices, reported = self._report_observations()
-            demotions = self.tuned.drain_demotions() if self.tuned is not None else 0
         self._index_history_async()
         return ShardResult(
-            self.worker_id, self.policy_version, started, finished, outs, steps, choices, reported, demotions
+            self.worker_id, self.policy_version, started, finished, outs, steps, choices, reported
         )
 
     def measure_speedup(self, requests: list[RolloutRequest], repeats: int = 1) -> dict:
@@ -557,18 +626,25 @@ class RolloutWorker:
 
     def _measure_speedup(self, requests: list[RolloutRequest], repeats: int) -> dict:
         out = {"plain_seconds": 0.0, "spec_seconds": 0.0, "plain_tokens": 0, "spec_tokens": 0, "requests": 0}
+        out.update(plain_long_tail_seconds=0.0, spec_long_tail_seconds=0.0)
+        spec_outs: list = []
         for rep in range(repeats):
             reqs = self._requests(requests, seed_offset=1_000_000 * (rep + 1))
             drafters = self._replay_drafters()
             for mode in ("plain", "spec") if rep % 2 == 0 else ("spec", "plain"):
-                policy = self._replay_policy() if mode == "spec" else FixedPolicy(Strategy())
-                eng = self._new_engine(drafters if mode == "spec" else {}, policy)
+                selector = self._replay_selector() if mode == "spec" else FixedStrategy(Strategy())
+                eng = self._new_engine(drafters if mode == "spec" else {}, selector)
                 t0 = time.perf_counter()
                 outs = eng.generate(reqs)
                 out[f"{mode}_seconds"] += time.perf_counter() - t0
                 out[f"{mode}_tokens"] += sum(len(o.token_ids) for o in outs)
+                out[f"{mode}_long_tail_seconds"] += long_tail_seconds(eng.step_log)
+                if mode == "spec":
+                    spec_outs += outs
             out["requests"] += len(reqs)
         out["speedup"] = out["plain_seconds"] / max(out["spec_seconds"], 1e-9)
+        out["long_tail_speedup"] = out["plain_long_tail_seconds"] / max(out["spec_long_tail_seconds"], 1e-9)
+        out["tau"] = aggregate(spec_outs)["acceptance_length_mean"]
         return out
 
     def ping(self) -> int:

@@ -15,6 +15,7 @@ from services.spot_trainer.trainer import (
     latest_checkpoint,
     latest_published,
     load_published,
+    save_published,
 )
 
 __all__ = [
@@ -27,4 +28,5 @@ __all__ = [
     "latest_checkpoint",
     "latest_published",
     "load_published",
+    "save_published",
 ]

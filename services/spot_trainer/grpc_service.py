@@ -1,9 +1,10 @@
 """The spot trainer's gRPC face (``protos/tailspec/v1/spot_trainer.proto``): ``SpotTrainerGrpc`` adapts a
 ``SpotTrainerService`` replica (Grant, Preempt, GetStatus), ``SpotTrainerClient`` calls one from the driver.
 
-    addr = replica.serve()                       # in the replica's process (a Ray actor): "127.0.0.1:<port>"
-    with SpotTrainerClient(addr) as c:
-        c.grant({"grant_id": "g1", "worker_id": "3", "deadline": None, "rl_step": 7, "policy_version": 7})
+    addr = replica.serve(token=token)            # in the replica's process (a Ray actor): "127.0.0.1:<port>"
+    with SpotTrainerClient(addr, token) as c:
+        c.grant({"grant_id": "g1", "worker_id": "3", "deadline": time.time() + 60, "rl_step": 7,
+                 "policy_version": 7})
         out = c.preempt("g1", release_by=time.time() + 2.0)
 
 The client's dicts have the same keys as the Python API of ``SpotTrainerService`` (``grant``, ``preempt``,
@@ -15,6 +16,10 @@ draft-head weights (``head_state``, ``load_head``, ``publish``) stay Python / Ra
 Preempt over the wire: ``Preemption.grant_id`` empty = whatever the replica holds; ``release_by`` bounds the
 wait for the in-flight step (``timeout = release_by - now``, at least 0; unset = wait until released);
 ``urgent`` cannot drop a step in flight (a step is never interrupted), so it is treated as a normal preempt.
+
+Validation: a ``Grant`` over the wire must carry ids of the id form and a deadline in the future (at most a
+day ahead; the Python API still takes ``deadline=None``), and may not claim a policy version newer than the
+replica's + 1; a bad one is ``INVALID_ARGUMENT`` and changes nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 from services.common.grpc_server import channel, from_timestamp, to_timestamp
 from services.common.proto_gen.tailspec.v1 import common_pb2, spot_trainer_pb2, spot_trainer_pb2_grpc
+from services.common.validation import (
+    MAX_DEADLINE_AHEAD_S,
+    InvalidArgument,
+    check_counter,
+    check_deadline,
+    check_id,
+)
 
 if TYPE_CHECKING:
     from services.spot_trainer.service import SpotTrainerService
@@ -198,11 +210,24 @@ class SpotTrainerGrpc:
         self.service = service
 
     def grant(self, req: spot_trainer_pb2.GrantRequest) -> spot_trainer_pb2.GrantResponse:
-        g = grant_from_proto(req.grant)
-        return grant_response_to_proto(self.service.grant(g))
+        g = req.grant
+        check_id(g.grant_id, "grant.grant_id")
+        check_id(g.worker_id, "grant.worker_id")
+        check_id(g.grantee_id, "grant.grantee_id", required=False)
+        check_deadline(g, "deadline")  # a bubble is deadline-bounded: no open-ended grant over the wire
+        policy = int(getattr(self.service, "policy_version", 0))
+        check_counter(g.policy_version, "grant.policy_version", at_most=policy + 1)
+        check_counter(g.rl_step, "grant.rl_step")
+        return grant_response_to_proto(self.service.grant(grant_from_proto(g)))
 
     def preempt(self, req: spot_trainer_pb2.PreemptRequest) -> spot_trainer_pb2.PreemptResponse:
         p = req.preemption
+        check_id(p.grant_id, "preemption.grant_id", required=False)
+        check_id(p.worker_id, "preemption.worker_id", required=False)
+        if p.HasField("release_by"):
+            t = p.release_by.ToNanoseconds() / 1e9
+            if t > time.time() + MAX_DEADLINE_AHEAD_S:
+                raise InvalidArgument("preemption.release_by lies more than a day ahead")
         release_by = from_timestamp(p, "release_by")
         timeout = None if release_by is None else max(0.0, release_by - time.time())
         return preempt_response_to_proto(self.service.preempt(p.grant_id or None, timeout=timeout))

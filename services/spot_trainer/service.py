@@ -177,6 +177,8 @@ class SpotTrainerService:
             thread keeps the normal priority (it is cheap, and a starved receiver would drop frames).
         address: ZeroMQ endpoint the hidden-state receiver binds (``tcp://127.0.0.1:*`` = any free port).
         replica: index in the pool; 0 is the leader (publishes drafter versions).
+        token: the run's secret (handed over through Ray): the hidden-state receiver accepts only frames
+            with its MAC (``stream.py``, "Authentication").
     """
 
     def __init__(
@@ -196,6 +198,7 @@ class SpotTrainerService:
         nice: int = 19,
         address: str = "tcp://127.0.0.1:*",
         replica: int = 0,
+        token: str | None = None,
     ):
         if int(replica) < 0:
             raise ValueError(f"replica must be >= 0, got {replica}")
@@ -213,7 +216,15 @@ class SpotTrainerService:
         self.head = EagleDraftModel(self.target.config, EagleConfig(fuse_layers=fuse, seed=seed))
         self.eagle = EagleTrainer(self.head, self.target, lr=lr, seed=seed)
         self.buffer = HiddenStateBuffer(capacity_tokens, keep_versions=keep_versions)
-        self.receiver = HiddenStateReceiver(address, self.buffer)
+        self.policy_version = 0  # as told by update_policy / set_policy_version (through Ray, trusted)
+        self.receiver = HiddenStateReceiver(
+            address,
+            self.buffer,
+            token=token,
+            policy_version=0,
+            hidden_size=self.target.config.hidden_size,
+            vocab_size=self.target.config.vocab_size,
+        )
         self.receiver.start()
         self.spot = SpotTrainer(
             self._step,
@@ -277,8 +288,16 @@ class SpotTrainerService:
         Returns ``version``."""
         with self._step_lock, torch.no_grad():
             self.target.load_state_dict(state, strict=False)
+        self.set_policy_version(version)
         self.buffer.age_out(version)
         return version
+
+    def set_policy_version(self, version: int) -> int:
+        """The run's policy version (never goes back): stream frames far ahead of it are dropped, and a grant
+        may not claim a newer one. Returns it."""
+        self.policy_version = max(self.policy_version, int(version))
+        self.receiver.set_policy_version(self.policy_version)
+        return self.policy_version
 
     def num_fresh(self) -> int:
         """Fresh rows in the buffer (hidden states of the last ``keep_versions`` policy versions)."""
@@ -481,6 +500,7 @@ class SpotTrainerService:
             "version": max(version, self.spot.version),
             "published_path": None if path is None else str(path),
             "buffer": self.buffer.stats(),
+            "stream": dict(self.receiver.stats(), dropped=dict(self.receiver.dropped)),
             "resumed_step": self.resumed_step,
             "pid": os.getpid(),
             "replica": self.replica,
@@ -526,10 +546,10 @@ class SpotTrainerService:
     def serve(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> str:
         """Serve ``tailspec.v1.SpotTrainerService`` (Grant, Preempt, GetStatus) from this process, on a
         background thread; returns ``"host:port"``. Serving again returns the running server's address.
-        Raises ValueError for a non-loopback ``host`` without a ``token`` (``GrpcServer``)."""
+        Every call must carry ``token`` (required: ValueError without one)."""
         if self._grpc is not None:
             return self._grpc.address
-        from services.common.grpc_server import GrpcServer, expose
+        from services.common.grpc_server import GrpcServer, expose, require_token
         from services.common.proto_gen.tailspec.v1 import spot_trainer_pb2_grpc
         from services.spot_trainer.grpc_service import SpotTrainerGrpc
 
@@ -543,7 +563,7 @@ class SpotTrainerService:
             ],
             host=host,
             port=port,
-            token=token,
+            token=require_token(token, "a spot-trainer replica's gRPC service"),
             name=f"spot-trainer-{self.replica}",
         )
         server.start()

@@ -11,6 +11,19 @@ Wire format (one multipart message per frame)
 are the raw bytes of the C-contiguous CPU tensors (any torch dtype, bfloat16 included), native byte order
 (both ends run on the same kind of machine).
 
+Authentication and hostile input
+--------------------------------
+With the run's secret (``token``; the pipeline hands it to both ends through Ray) every message carries a
+fifth part, an HMAC-SHA256 over the four others (key: ``stream_key(token)``, each part length-prefixed). A
+receiver with a key drops every message without a valid MAC before it parses anything. Every frame is also
+checked before it reaches the buffer: header size, JSON shape, dtypes (positions / tokens int64, hidden a
+float type), byte counts, and ranges: ``policy_version`` at most ``max_version_ahead`` ahead of the policy
+version the receiver was told (``set_policy_version``, by its owner through Ray; a frame far ahead is not
+adopted, it would make every later frame stale), token ids inside ``vocab_size``, positions >= 0, hidden width
+``hidden_size``. Dropped frames are counted by reason (``malformed``, ``unauthenticated``, ``out_of_range``,
+``stale``, ``error``) in ``dropped`` and in the Prometheus counter ``tailspec_stream_frames_dropped_total``;
+the receiver thread never dies from input.
+
 Contract
 --------
 - Zero copy: the sender hands the tensors' own memory to ZeroMQ (``copy=False``; ZeroMQ still copies
@@ -39,7 +52,11 @@ is then skipped, and a frame is dropped only when every queue is full.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import logging
+import math
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -51,6 +68,37 @@ from services.spot_trainer.buffer import Frame, HiddenStateBuffer
 
 FMT = 1
 _NAMES = ("positions", "hidden", "tokens")
+MAX_HEADER_BYTES = 64 * 1024
+MAX_REQUEST_ID = 512
+_INT_DTYPES = {"int64"}
+_FLOAT_DTYPES = {"float32", "float16", "bfloat16", "float64"}
+DROP_REASONS = ("malformed", "unauthenticated", "out_of_range", "stale", "error")
+log = logging.getLogger(__name__)
+
+
+def stream_key(token: str | None) -> bytes | None:
+    """The MAC key of the hidden-state stream, derived from the run's secret (None without one)."""
+    if not token:
+        return None
+    return hmac.new(token.encode(), b"tailspec hidden-state stream v1", hashlib.sha256).digest()
+
+
+def frame_mac(key: bytes, parts: Sequence[Any]) -> bytes:
+    """HMAC-SHA256 over the four frame parts, each prefixed with its length (no ambiguity in the split)."""
+    mac = hmac.new(key, b"tailspec-frame-v1", hashlib.sha256)
+    for part in parts:
+        buf = part.buffer if isinstance(part, zmq.Frame) else memoryview(part)
+        mac.update(len(buf).to_bytes(8, "little"))
+        mac.update(buf)
+    return mac.digest()
+
+
+class FrameDropped(ValueError):
+    """A received message that is not stored; ``reason`` is one of ``DROP_REASONS``."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 def _dtype_name(dt: torch.dtype) -> str:
@@ -96,28 +144,63 @@ def _buffer_of(part) -> Any:
     return memoryview(bytearray(buf)) if buf.readonly else buf
 
 
+def _header(part) -> dict:
+    """The frame header, checked for shape and types (``FrameDropped("malformed")`` otherwise)."""
+
+    def bad(msg: str) -> FrameDropped:
+        return FrameDropped("malformed", msg)
+
+    raw = part.buffer if isinstance(part, zmq.Frame) else memoryview(part)
+    if len(raw) > MAX_HEADER_BYTES:
+        raise bad(f"header of {len(raw)} bytes (at most {MAX_HEADER_BYTES})")
+    try:
+        header = json.loads(bytes(raw))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise bad(f"header is not JSON: {e}") from None
+    if not isinstance(header, dict) or header.get("fmt") != FMT:
+        raise bad(f"unsupported frame format {header.get('fmt') if isinstance(header, dict) else header!r}")
+    pv, rid = header.get("policy_version"), header.get("request_id")
+    if not isinstance(pv, int) or isinstance(pv, bool):
+        raise bad(f"policy_version {pv!r} is not an int")
+    if not isinstance(rid, str) or len(rid) > MAX_REQUEST_ID:
+        raise bad("request_id is not a string of at most 512 characters")
+    shapes, dtypes = header.get("shapes"), header.get("dtypes")
+    if not isinstance(shapes, dict) or not isinstance(dtypes, dict):
+        raise bad("shapes and dtypes must be objects")
+    for name in _NAMES:
+        shape, dt = shapes.get(name), dtypes.get(name)
+        if not isinstance(shape, list) or not 1 <= len(shape) <= 4:
+            raise bad(f"{name}: shape {shape!r} is not a list of 1..4 dims")
+        if any(not isinstance(d, int) or isinstance(d, bool) or d < 0 or d >= 2**31 for d in shape):
+            raise bad(f"{name}: shape {shape!r} has a bad dim")
+        allowed = _FLOAT_DTYPES if name == "hidden" else _INT_DTYPES
+        if dt not in allowed:
+            raise bad(f"{name}: dtype {dt!r} is not one of {sorted(allowed)}")
+    return header
+
+
 def decode_frame(parts: Sequence[Any]) -> Frame:
-    """Inverse of ``encode_frame`` (parts: ``zmq.Frame`` objects or bytes-like)."""
+    """Inverse of ``encode_frame`` (parts: ``zmq.Frame`` objects or bytes-like). Raises ``FrameDropped``
+    (a ``ValueError``) with reason ``malformed`` for anything else."""
     if len(parts) != 4:
-        raise ValueError(f"expected 4 message parts, got {len(parts)}")
-    header = json.loads(bytes(_buffer_of(parts[0])))
-    if header.get("fmt") != FMT:
-        raise ValueError(f"unsupported frame format {header.get('fmt')!r}")
+        raise FrameDropped("malformed", f"expected 4 message parts, got {len(parts)}")
+    header = _header(parts[0])
     out = {}
     for name, part in zip(_NAMES, parts[1:]):
         shape, dt = tuple(header["shapes"][name]), _dtype(header["dtypes"][name])
         buf = _buffer_of(part)
-        numel = 1
-        for d in shape:
-            numel *= d
+        numel = math.prod(shape)
         if len(buf) != numel * torch.empty((), dtype=dt).element_size():
-            raise ValueError(f"{name}: {len(buf)} bytes do not match shape {shape} of {dt}")
+            raise FrameDropped("malformed", f"{name}: {len(buf)} bytes do not match shape {shape} of {dt}")
         out[name] = (
             torch.empty(shape, dtype=dt) if numel == 0 else torch.frombuffer(buf, dtype=dt).view(shape)
         )
-    return Frame(
-        header["policy_version"], header["request_id"], out["positions"], out["hidden"], out["tokens"]
-    )
+    try:
+        return Frame(
+            header["policy_version"], header["request_id"], out["positions"], out["hidden"], out["tokens"]
+        )
+    except ValueError as e:
+        raise FrameDropped("malformed", str(e)) from None
 
 
 class HiddenStateSender:
@@ -127,10 +210,18 @@ class HiddenStateSender:
         address: one ZeroMQ endpoint, or a non-empty list of them (one per spot-trainer replica: frames are
             dealt round-robin across them, see "Several spot-trainer replicas").
         hwm: send high-water mark, in frames, per connected endpoint.
+        token: the run's secret: every message then carries its MAC (``frame_mac``).
     Raises: ValueError for an empty list; ``zmq.ZMQError`` for a malformed endpoint.
     """
 
-    def __init__(self, address: str | Sequence[str], hwm: int = 64, context: zmq.Context | None = None):
+    def __init__(
+        self,
+        address: str | Sequence[str],
+        hwm: int = 64,
+        context: zmq.Context | None = None,
+        token: str | None = None,
+    ):
+        self._key = stream_key(token)
         self.addresses: list[str] = [address] if isinstance(address, str) else [str(a) for a in address]
         if not self.addresses:
             raise ValueError("HiddenStateSender needs at least one address")
@@ -147,6 +238,8 @@ class HiddenStateSender:
     def send(self, frame: Frame | Sequence[Any]) -> bool:
         """Queue one frame without blocking; False (and ``dropped += 1``) when the queue is full."""
         parts = encode_frame(frame)
+        if self._key is not None:
+            parts.append(frame_mac(self._key, parts))
         try:
             self._sock.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -170,8 +263,37 @@ class HiddenStateSender:
         self.close()
 
 
+_default_metrics = None
+_default_metrics_lock = threading.Lock()
+
+
+def _stream_counter(metrics: Any = None):
+    """``tailspec_stream_frames_dropped_total`` on ``metrics`` (a ``Metrics``), or on a process-wide one."""
+    global _default_metrics
+    from services.common.metrics import METRICS, Metrics
+
+    metrics = getattr(metrics, "metrics", metrics)  # a TailspecMetrics: its Metrics
+    if metrics is None:
+        with _default_metrics_lock:
+            if _default_metrics is None:
+                _default_metrics = Metrics()
+            metrics = _default_metrics
+    spec = next(m for m in METRICS if m.name == "tailspec_stream_frames_dropped_total")
+    return metrics.from_spec(spec)
+
+
 class HiddenStateReceiver:
-    """Spot-trainer side: PULL socket bound at ``address``, feeding ``buffer``."""
+    """Spot-trainer side: PULL socket bound at ``address``, feeding ``buffer``.
+
+    Args:
+        token: the run's secret: only messages with a valid MAC are accepted (see "Authentication").
+        policy_version: the policy version to bound frames by (``set_policy_version`` moves it); None = not
+            bounded until a version is set (a receiver without an owner that knows the policy).
+        max_version_ahead: frames more than this ahead of ``policy_version`` are dropped (``out_of_range``).
+        hidden_size / vocab_size: when given, a frame's hidden width and token ids must fit them.
+        metrics: a ``services.common.metrics.Metrics`` for the drop counter (default: a process-wide one).
+        max_message_bytes: ZeroMQ drops a peer that sends a larger message part (memory bound).
+    """
 
     def __init__(
         self,
@@ -179,10 +301,28 @@ class HiddenStateReceiver:
         buffer: HiddenStateBuffer,
         hwm: int = 64,
         context: zmq.Context | None = None,
+        *,
+        token: str | None = None,
+        policy_version: int | None = None,
+        max_version_ahead: int = 1,
+        hidden_size: int | None = None,
+        vocab_size: int | None = None,
+        metrics: Any = None,
+        max_message_bytes: int = 1 << 30,
     ):
+        self._key = stream_key(token)
+        self.policy_version = None if policy_version is None else int(policy_version)
+        self.max_version_ahead = int(max_version_ahead)
+        self.hidden_size = hidden_size
+        self.vocab_size = vocab_size
+        self.dropped = dict.fromkeys(DROP_REASONS, 0)
+        self._counter = _stream_counter(metrics)
+        for reason in DROP_REASONS:  # every series exists from the start, at 0
+            self._counter.inc(0, {"reason": reason})
         self.buffer = buffer
         self._sock = (context or zmq.Context.instance()).socket(zmq.PULL)
         self._sock.setsockopt(zmq.RCVHWM, int(hwm))
+        self._sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))  # a bigger part: the peer is dropped
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(address)
         self.address: str = self._sock.getsockopt(zmq.LAST_ENDPOINT).decode()
@@ -206,13 +346,62 @@ class HiddenStateReceiver:
             n += 1
             self.received += 1
             try:
-                frame = decode_frame(parts)
-            except (ValueError, KeyError, TypeError):
-                self.malformed += 1
-                continue
-            if not self.buffer.add(frame):
-                self.stale += 1
+                self._take(parts)
+            except FrameDropped as e:
+                self._drop(e.reason)
+            except Exception as e:  # noqa: BLE001 - no input may end the receiver
+                log.warning("hidden-state frame dropped: %s: %s", type(e).__name__, e)
+                self._drop("error")
         return n
+
+    def set_policy_version(self, version: int) -> int:
+        """The policy version frames are bounded by (never goes back); returns it."""
+        v = int(version)
+        self.policy_version = v if self.policy_version is None else max(self.policy_version, v)
+        return self.policy_version
+
+    def _drop(self, reason: str) -> None:
+        self.dropped[reason] += 1
+        if reason == "malformed":
+            self.malformed += 1
+        elif reason == "stale":
+            self.stale += 1
+        try:
+            self._counter.inc(1, {"reason": reason})
+        except Exception:  # noqa: BLE001 - metrics are best effort
+            pass
+
+    def _take(self, parts: Sequence[Any]) -> None:
+        """Authenticate, decode, range-check and store one message (``FrameDropped`` when not stored)."""
+        if self._key is not None:
+            if len(parts) != 5:
+                raise FrameDropped("unauthenticated", f"{len(parts)} parts: no MAC")
+            mac = parts[4].bytes if isinstance(parts[4], zmq.Frame) else bytes(parts[4])
+            if not hmac.compare_digest(mac, frame_mac(self._key, parts[:4])):
+                raise FrameDropped("unauthenticated", "bad MAC")
+            parts = parts[:4]
+        frame = decode_frame(parts)
+        self._check_range(frame)
+        if not self.buffer.add(frame):
+            raise FrameDropped("stale", "older than the buffer's last policy versions")
+
+    def _check_range(self, f: Frame) -> None:
+        def out(msg: str) -> FrameDropped:
+            return FrameDropped("out_of_range", msg)
+
+        pv = self.policy_version
+        if f.policy_version < 0 or (pv is not None and f.policy_version > pv + self.max_version_ahead):
+            raise out(f"policy_version {f.policy_version}: the policy is at {pv}")
+        if f.n and int(f.positions.min()) < 0:
+            raise out("negative position")
+        if f.n and self.vocab_size is not None:
+            lo, hi = int(f.tokens.min()), int(f.tokens.max())
+            if lo < 0 or hi >= self.vocab_size:
+                raise out(f"token ids {lo}..{hi} outside the vocabulary of {self.vocab_size}")
+        if self.hidden_size is not None and (f.hidden.dim() < 2 or f.hidden.shape[-1] != self.hidden_size):
+            raise out(f"hidden shape {tuple(f.hidden.shape)} does not end in {self.hidden_size}")
+        if f.n and not bool(torch.isfinite(f.hidden).all()):
+            raise out("non-finite hidden states")
 
     def start(self, poll_ms: int = 50) -> None:
         """Poll in a daemon thread until ``stop()`` (the thread then owns the socket)."""
@@ -222,7 +411,14 @@ class HiddenStateReceiver:
 
         def loop():
             while not self._stop.is_set():
-                self.poll(poll_ms)
+                try:
+                    self.poll(poll_ms)
+                except zmq.ZMQError as e:  # the socket closed under us: stop
+                    if self._sock.closed:
+                        return
+                    log.warning("hidden-state receiver: %s", e)
+                except Exception as e:  # noqa: BLE001 - the receiver never dies from input
+                    log.warning("hidden-state receiver: %s: %s", type(e).__name__, e)
 
         self._thread = threading.Thread(target=loop, name="hidden-state-receiver", daemon=True)
         self._thread.start()
@@ -234,6 +430,7 @@ class HiddenStateReceiver:
             self._thread = None
 
     def stats(self) -> dict[str, int]:
+        """Received, malformed and stale frame counts (every drop reason: ``dropped``)."""
         return dict(received=self.received, malformed=self.malformed, stale=self.stale)
 
     def close(self) -> None:

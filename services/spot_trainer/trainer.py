@@ -23,7 +23,8 @@ Contract
   half-written checkpoint. The newest ``keep_checkpoints`` complete checkpoints are kept.
 - ``resume()`` loads the newest complete checkpoint into ``module_state`` and restores the step counter, the
   sampling RNG and the drafter version; returns the step (None when there is none).
-- ``publish()`` writes ``module_state``'s publishable state to ``publish_dir/v<version>/`` (marker last) and
+- ``publish()`` writes ``module_state``'s publishable state to ``publish_dir/v<version>/`` (``save_published``:
+  JSON structure + safetensors, never a pickle, since rollout actors load it on request; marker last) and
   returns the new version: ``max(own version, newest on disk) + 1``, so versions only go up, across restarts
   and even without ``resume``. ``latest_published(dir) -> (version, path)`` (``(0, None)`` when nothing is
   published) and ``load_published(path)`` are what rollout actors use; ``DrafterLoader`` loads the newest
@@ -239,9 +240,44 @@ def latest_published(publish_dir: str | os.PathLike) -> tuple[int, Path | None]:
     return done[-1] if done else (0, None)
 
 
+PUBLISHED_TENSORS = "tensors.safetensors"
+
+
+def save_published(
+    state: Mapping[str, Any], path: str | os.PathLike, meta: Mapping[str, Any] | None = None
+) -> None:
+    """Write one published drafter version: ``state.json`` (the tree's structure and ``meta``), the tensors in
+    ``tensors.safetensors``, marker last. Nothing in it is ever unpickled (``load_published``)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    tensors = _stage(state, path, meta or {})
+    tmp = path / (PUBLISHED_TENSORS + ".tmp")
+    save_file({k: v.detach().cpu().clone().contiguous() for k, v in tensors.items()}, str(tmp))
+    os.replace(tmp, path / PUBLISHED_TENSORS)
+    _write_atomic(path / MARKER, json.dumps(dict(meta or {})))
+
+
 def load_published(path: str | os.PathLike) -> dict:
-    """The drafter state dict of one published version (for ``module.load_state_dict``)."""
-    state, _ = load_state(path)
+    """The drafter state dict of one published version (for ``module.load_state_dict``): JSON + safetensors
+    only (no pickle). Raises ``FileNotFoundError`` for an incomplete version, ``ValueError`` for a malformed
+    one."""
+    path = Path(path)
+    if not (path / MARKER).is_file():
+        raise FileNotFoundError(f"{path} is not a complete published drafter (no {MARKER} marker)")
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        doc = json.loads((path / STATE_JSON).read_text())
+        if not isinstance(doc, dict) or doc.get("format") != CKPT_FORMAT:
+            raise ValueError(f"unsupported format {doc.get('format') if isinstance(doc, dict) else doc!r}")
+        tensors = load_file(str(path / PUBLISHED_TENSORS))
+        state = _join(doc["skeleton"], tensors)
+    except (SafetensorError, OSError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{path}: not a published drafter: {type(e).__name__}: {e}") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: a published drafter holds a state dict, got {type(state).__name__}")
     return state
 
 
@@ -485,7 +521,7 @@ class SpotTrainer:
         meta = dict(
             version=version, step=self.step, policy_version=self.buffer.current_version, time=time.time()
         )
-        save_state(dict(self.publish_state()), self.publish_dir / f"v{version:09d}", meta)
+        save_published(dict(self.publish_state()), self.publish_dir / f"v{version:09d}", meta)
         self.version = version
         self._prune(self.publish_dir, _VER_RE, self.keep_published)
         return version

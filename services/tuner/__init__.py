@@ -1,10 +1,12 @@
-"""Tuner: the strategy space (arms), the bucketed bandit over it, and length-aware draft budgets.
+"""Tuner: the strategy space (arms), the central bucketed bandit, the rollout actor's strategy selector and
+length-aware draft budgets.
 
-Plain Python (no Ray, no engine import); a Ray actor wrapper, if any, stays a thin layer over these classes.
+Plain Python (no Ray); the Ray actor and gRPC faces stay thin layers over these classes. The selector
+(``services.tuner.selector``) is imported from its module: it needs the engine's types (and torch).
 """
 
 from services.tuner.arms import OFF, Arm, Drafter, TunerConfigError, default_arms, parse_arms
-from services.tuner.bandit import BanditConfig, BucketedBandit, TablePolicy
+from services.tuner.bandit import BanditConfig, BucketedBandit, gate_table
 from services.tuner.budgets import BudgetConfig, LengthBudgets, LengthHistory
 
 __all__ = [
@@ -16,8 +18,8 @@ __all__ = [
     "Drafter",
     "LengthBudgets",
     "LengthHistory",
-    "TablePolicy",
     "TunerConfigError",
     "default_arms",
+    "gate_table",
     "parse_arms",
 ]

@@ -1,33 +1,22 @@
 """Length-aware draft budgets, after DAS (arXiv 2511.13841, "Distribution-Aware Speculative decoding").
 
 In RL rollouts the same problems come back step after step, and a problem's past response lengths predict
-its future ones. The long responses are the tail that decides the rollout's makespan, so they get the
-largest draft budgets and are served first when draft tokens are scarce.
+its future ones. The long responses are the tail that decides the rollout's makespan, so they get the largest
+draft budgets and are served first when draft tokens are scarce.
 
-Contract
---------
-- ``LengthHistory`` keeps, per ``problem_id``, the last ``cfg.history`` response lengths (tokens) and gives
-  their ``mean`` and ``max``. The predicted length of a problem is
-  ``(1 - cfg.max_weight) * mean + cfg.max_weight * max`` (the max says the problem *can* run long).
-- ``classify(problem_id, generated=0)`` -> ``"long" | "medium" | "short"``:
+- ``LengthHistory``: per ``problem_id`` the last ``history`` response lengths (tokens); a problem's predicted
+  length is ``(1 - max_weight) * mean + max_weight * max``. ``classify(problem_id, generated=0)`` is ``long``
+  at or above the long threshold, ``short`` at or below the short one, else ``medium``; the thresholds are
+  ``long_threshold`` / ``short_threshold`` (tokens) when set, else the ``long_quantile`` / ``short_quantile``
+  of the known problems' predicted lengths (with at least ``min_problems`` of them; else every problem is
+  ``medium``). An unknown problem is ``medium``; a request that has generated the long threshold is ``long``.
+- ``LengthBudgets.allocate(requests, quota=None)``: ``requests`` are ``(request_id, problem_id,
+  requested_budget[, generated])``; each wants ``min(requested_budget, its class budget)`` (None: the class
+  budget) draft tokens. The quota (``step_quota``) goes to long requests first, then medium, then short;
+  within a class the longest predicted first, then input order; the request where it runs out gets the rest,
+  later ones 0. Returns ``{request_id: budget}`` in input order.
 
-  - thresholds are ``cfg.long_threshold`` / ``cfg.short_threshold`` (tokens) when set, else the
-    ``cfg.long_quantile`` / ``cfg.short_quantile`` quantiles of all known problems' predicted lengths
-    (needs ``cfg.min_problems`` known problems; with fewer, and no fixed threshold, every problem is
-    ``medium``);
-  - predicted >= long threshold -> ``long``; predicted <= short threshold -> ``short``; else ``medium``;
-  - an unknown problem is ``medium``; a request that has already generated at least the long threshold is
-    ``long`` whatever its history says (online evidence; ``generated`` is optional).
-- ``BudgetConfig(long, medium, short, step_quota)``: per-class draft budget (most draft tokens per request
-  and step) and the per-step draft-token quota of one engine; all integers > 0 (``TunerConfigError``
-  otherwise).
-- ``LengthBudgets.allocate(requests, quota=None)``: ``requests`` is a list of
-  ``(request_id, problem_id, requested_budget[, generated_tokens])``; ``requested_budget`` is what the
-  chosen arm asks for (its ``max_draft_tokens``; None = the class budget). Each request wants
-  ``min(requested_budget, class budget)``. The quota (``cfg.step_quota`` unless given) is handed out to long
-  requests first, then medium, then short; within a class, longest predicted first, then input order; the
-  request where the quota runs out gets the remainder (a shorter draft), later ones get 0. Returns
-  ``{request_id: budget}`` for every request.
+Configuration errors raise ``TunerConfigError`` naming the key; bad requests raise ``ValueError``.
 """
 
 from __future__ import annotations
@@ -77,9 +66,8 @@ class BudgetConfig:
         for key in ("long", "medium", "short"):
             _pos_int(getattr(self, key), f"{p}.{key} (draft budget of {key} requests)")
         _pos_int(self.step_quota, f"{p}.step_quota (draft tokens per step)")
-        _pos_int(self.history, f"{p}.history")
-        _pos_int(self.min_problems, f"{p}.min_problems")
-        _pos_int(self.max_problems, f"{p}.max_problems")
+        for key in ("history", "min_problems", "max_problems"):
+            _pos_int(getattr(self, key), f"{p}.{key}")
         mw = self.max_weight
         if isinstance(mw, bool) or not isinstance(mw, (int, float)) or not 0.0 <= mw <= 1.0:
             raise TunerConfigError(f"{p}.max_weight: must be a number in [0, 1], got {mw!r}")
@@ -87,21 +75,13 @@ class BudgetConfig:
             q = getattr(self, key)
             if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0.0 < q < 1.0:
                 raise TunerConfigError(f"{p}.{key}: must be a number in (0, 1), got {q!r}")
-        if self.short_quantile >= self.long_quantile:
-            raise TunerConfigError(
-                f"{p}: short_quantile ({self.short_quantile}) must be below long_quantile ({self.long_quantile})"
-            )
         for key in ("long_threshold", "short_threshold"):
             if getattr(self, key) is not None:
                 _pos_int(getattr(self, key), f"{p}.{key} (tokens)")
-        if (
-            self.long_threshold is not None
-            and self.short_threshold is not None
-            and self.short_threshold >= self.long_threshold
-        ):
-            raise TunerConfigError(
-                f"{p}: short_threshold ({self.short_threshold}) must be below long_threshold ({self.long_threshold})"
-            )
+        for lo, hi in (("short_quantile", "long_quantile"), ("short_threshold", "long_threshold")):
+            a, b = getattr(self, lo), getattr(self, hi)
+            if a is not None and b is not None and a >= b:
+                raise TunerConfigError(f"{p}: {lo} ({a}) must be below {hi} ({b})")
 
     def budget(self, cls: str) -> int:
         return {"long": self.long, "medium": self.medium, "short": self.short}[cls]
@@ -116,13 +96,9 @@ class BudgetConfig:
                 f"{source}: tuner.budgets: unknown key(s) {unknown}; allowed: {sorted(known)}"
             )
         try:
-            cfg = cls(**d)
-        except TunerConfigError as e:
-            msg = str(e)
-            if source != "config" and msg.startswith("config: "):
-                msg = f"{source}: " + msg[len("config: ") :]
-            raise TunerConfigError(msg) from None
-        return cfg
+            return cls(**d)
+        except TunerConfigError as e:  # validated as "config": name the real source
+            raise TunerConfigError(str(e).replace("config: ", f"{source}: ", 1)) from None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

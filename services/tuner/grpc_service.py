@@ -6,13 +6,15 @@ boundary and pushes it to every rollout actor (``RolloutService.SetStrategyTable
 in-process. ``GetStatus(verbose=True)`` carries per-bucket, per-arm statistics (the ``tuner`` row of
 ``metrics.jsonl`` and ``plots/tuner_arms.png``).
 
-    svc = TunerService(...); address = svc.serve()            # 127.0.0.1:<free port>
-    client = TunerClient(address)
-    client.report("0", observations)                          # dicts from TablePolicy.drain_observations()
+    svc = TunerService(...); address = svc.serve(token=token) # 127.0.0.1:<free port>
+    client = TunerClient(address, token)
+    client.report("0", observations)                          # dicts from StrategySelector.drain_observations()
     table = client.table()                                    # dict, as BucketedBandit.table()
 
-The dict shapes on both sides are those of ``services/tuner/bandit.py`` (``table()``, ``stats()``,
-``TablePolicy.drain_observations()``); the functions below convert them to and from the messages.
+The dict shapes on both sides are those of ``services/tuner/bandit.py`` (``table()``, ``stats()``) and
+``StrategySelector.drain_observations()``; the functions below convert them to and from the messages. The
+table's ``regret_budget`` travels in ``StrategyTable.ledger.budget``; the message's other legacy fields
+(``epsilon``, ``explore_p``, ``off_estimate``, ``free``, ``demote``) are left unset.
 """
 
 from __future__ import annotations
@@ -50,36 +52,27 @@ def table_to_pb(table: Mapping[str, Any]) -> common_pb2.StrategyTable:
             explore=list(b.get("explore", [])),
             probe=list(b.get("probe", [])),
             guarded=list(b.get("guarded", [])),
-            free=list(b.get("free", [])),
-            explore_p=[float(x) for x in b.get("explore_p", [])],
         )
         if b.get("hi") is not None:
             msg.hi = int(b["hi"])
-        if b.get("off_estimate") is not None:
-            msg.off_estimate = float(b["off_estimate"])
         buckets.append(msg)
     created = Timestamp()
     created.GetCurrentTime()
     pb = common_pb2.StrategyTable(
         version=int(table["version"]),
-        epsilon=float(table["epsilon"]),
         bucket_edges=[int(e) for e in table.get("bucket_edges", [])],
         arms=arms,
         buckets=buckets,
         created_at=created,
     )
-    if table.get("demote"):
-        pb.demote.CopyFrom(common_pb2.DemoteSettings(**table["demote"]))
-    if table.get("ledger"):
-        pb.ledger.CopyFrom(common_pb2.LedgerSettings(**table["ledger"]))
+    pb.ledger.CopyFrom(common_pb2.LedgerSettings(budget=float(table["regret_budget"])))
     return pb
 
 
 def table_from_pb(pb: common_pb2.StrategyTable) -> dict[str, Any]:
-    """``StrategyTable`` -> the ``BucketedBandit.table()`` dict that ``TablePolicy`` reads."""
+    """``StrategyTable`` -> the ``BucketedBandit.table()`` dict that ``StrategySelector`` reads."""
     return {
         "version": int(pb.version),
-        "epsilon": float(pb.epsilon),
         "bucket_edges": list(pb.bucket_edges),
         "arms": {
             a.name: {
@@ -99,27 +92,82 @@ def table_from_pb(pb: common_pb2.StrategyTable) -> dict[str, Any]:
                 "explore": list(b.explore),
                 "probe": list(b.probe),
                 "guarded": list(b.guarded),
-                "explore_p": list(b.explore_p),
-                "off_estimate": b.off_estimate if b.HasField("off_estimate") else None,
-                "free": list(b.free),
             }
             for b in pb.buckets
         ],
-        "demote": {
-            "samples": int(pb.demote.samples),
-            "z": pb.demote.z,
-            "margin": pb.demote.margin,
-            "cv_floor": pb.demote.cv_floor,
-            "stall_cap": pb.demote.stall_cap,
-        }
-        if pb.HasField("demote")
-        else None,
-        "ledger": {"budget": pb.ledger.budget, "cap": pb.ledger.cap} if pb.HasField("ledger") else None,
+        "regret_budget": float(pb.ledger.budget),
     }
 
 
+def check_table_pb(pb: common_pb2.StrategyTable, field: str = "table") -> None:
+    """Refuse (``InvalidArgument``) a received ``StrategyTable`` that a rollout actor could not play: unknown
+    drafters, arms a bucket names but the table does not define, probabilities outside [0, 1], non-finite
+    numbers, bucket bounds out of order, absurd draft shapes or versions."""
+    from services.common.validation import InvalidArgument, check_counter, check_enum, check_id, check_number
+
+    check_counter(pb.version, f"{field}.version", at_least=1)
+    check_number(pb.epsilon, f"{field}.epsilon", hi=1.0)
+    edges = list(pb.bucket_edges)
+    if any(b <= a for a, b in zip(edges, edges[1:])):
+        raise InvalidArgument(f"{field}.bucket_edges must increase, got {edges[:20]}")
+    names = set()
+    for i, a in enumerate(pb.arms):
+        f = f"{field}.arms[{i}]"
+        check_id(a.name, f"{f}.name")
+        check_enum(common_pb2.Drafter, a.drafter, f"{f}.drafter")
+        if a.drafter == common_pb2.DRAFTER_UNSPECIFIED:
+            raise InvalidArgument(f"{f}.drafter is unspecified")
+        check_counter(a.max_draft_tokens, f"{f}.max_draft_tokens", at_most=256)
+        check_counter(a.tree_width, f"{f}.tree_width", at_most=64)
+        check_counter(a.tree_depth, f"{f}.tree_depth", at_most=256)
+        names.add(a.name)
+    if not pb.buckets:
+        raise InvalidArgument(f"{field} has no bucket")
+    for i, b in enumerate(pb.buckets):
+        f = f"{field}.buckets[{i}]"
+        if b.HasField("hi") and b.hi <= b.lo:
+            raise InvalidArgument(f"{f}: hi {b.hi} must be > lo {b.lo}")
+        for key in ("explore", "probe", "guarded", "free"):
+            unknown = [n for n in getattr(b, key) if n not in names]
+            if unknown:
+                raise InvalidArgument(f"{f}.{key} names arms the table does not define: {unknown[:3]}")
+        if b.best not in names:
+            raise InvalidArgument(f"{f}.best {b.best[:64]!r} is not an arm of the table")
+        if b.explore_p and len(b.explore_p) != len(b.explore):
+            raise InvalidArgument(f"{f}.explore_p has {len(b.explore_p)} values for {len(b.explore)} arms")
+        for p in b.explore_p:
+            check_number(p, f"{f}.explore_p[]", hi=1.0)
+        if b.HasField("off_estimate"):
+            check_number(b.off_estimate, f"{f}.off_estimate", hi=1e12)
+    if pb.HasField("demote"):
+        d = pb.demote
+        check_counter(d.samples, f"{field}.demote.samples", at_least=1, at_most=10**9)
+        for name in ("z", "margin", "cv_floor", "stall_cap"):  # the tuner's config bounds them further
+            check_number(getattr(d, name), f"{field}.demote.{name}", lo=-1e6, allow_inf=True)
+    if pb.HasField("ledger"):
+        check_number(pb.ledger.budget, f"{field}.ledger.budget", hi=1.0, lo_open=True)
+        check_number(pb.ledger.cap, f"{field}.ledger.cap", allow_inf=True)
+
+
+def check_observation_pb(ob: tuner_pb2.Observation, field: str) -> None:
+    """Refuse (``InvalidArgument``) an observation with numbers no decode step produces."""
+    from services.common.validation import check_counter, check_id, check_number
+
+    check_counter(ob.batch_size, f"{field}.batch_size", at_least=1, at_most=1 << 20)
+    check_id(ob.arm, f"{field}.arm")
+    check_counter(ob.committed_tokens, f"{field}.committed_tokens", at_most=1 << 40)
+    # 0 s: a count-only record (steps played under a lease, or a CUDA-graph capture step: counted, not timed)
+    check_number(ob.seconds, f"{field}.seconds", hi=1e6)
+    check_counter(ob.steps, f"{field}.steps", at_most=1 << 30)
+    check_counter(ob.drafted_tokens, f"{field}.drafted_tokens", at_most=1 << 40)
+    check_counter(ob.accepted_tokens, f"{field}.accepted_tokens", at_most=1 << 40)
+
+
+MAX_OBSERVATIONS = 1_000_000  # per ReportObservations call
+
+
 def observation_to_pb(ob: Mapping[str, Any]) -> tuner_pb2.Observation:
-    """One ``TablePolicy`` observation dict -> ``Observation`` (committed tokens are whole tokens)."""
+    """One ``StrategySelector`` observation dict -> ``Observation`` (committed tokens are whole tokens)."""
     return tuner_pb2.Observation(
         batch_size=int(ob["batch_size"]),
         arm=str(ob["arm"]),
@@ -162,11 +210,10 @@ def _stats_to_pb(stats: Mapping[str, Any], verbose: bool) -> list[tuner_pb2.Buck
                 arm=name,
                 window=int(a["n"]),
                 total=int(a["total"]),
-                chosen=int(a["chosen"]),
+                chosen=int(a["total"]),
                 explored=int(a["explored"]),
                 guarded=bool(a["guarded"]),
                 strikes=int(a["strikes"]),
-                probation=int(a["probation"]),
             )
             if a.get("median") is not None:
                 arm.median = float(a["median"])
@@ -195,11 +242,9 @@ def _stats_from_pb(pb: tuner_pb2.TunerStatus) -> dict[str, Any]:
                     "total": int(a.total),
                     "median": a.median if a.HasField("median") else None,
                     "ratio": a.ratio if a.HasField("ratio") else None,
-                    "chosen": int(a.chosen),
                     "explored": int(a.explored),
                     "guarded": bool(a.guarded),
                     "strikes": int(a.strikes),
-                    "probation": int(a.probation),
                 }
                 for a in b.arms
             },
@@ -226,6 +271,17 @@ class TunerGrpc:
     def report_observations(
         self, req: tuner_pb2.ReportObservationsRequest
     ) -> tuner_pb2.ReportObservationsResponse:
+        from services.common.validation import InvalidArgument, check_counter, check_id
+
+        check_id(req.worker_id, "worker_id")
+        current = int(self.service.table()["version"])
+        check_counter(req.strategy_table_version, "strategy_table_version", at_most=current)
+        if len(req.observations) > MAX_OBSERVATIONS:
+            raise InvalidArgument(
+                f"{len(req.observations)} observations in one call (at most {MAX_OBSERVATIONS})"
+            )
+        for i, o in enumerate(req.observations):
+            check_observation_pb(o, f"observations[{i}]")
         obs = [observation_from_pb(o) for o in req.observations]
         before = self.service.bandit.dropped
         table = self.service.merge(obs)
@@ -237,6 +293,10 @@ class TunerGrpc:
     def get_strategy_table(
         self, req: tuner_pb2.GetStrategyTableRequest
     ) -> tuner_pb2.GetStrategyTableResponse:
+        from services.common.validation import check_counter, check_id
+
+        check_id(req.worker_id, "worker_id", required=False)
+        check_counter(req.known_version, "known_version")
         table = self.service.table()
         if req.known_version and int(table["version"]) <= req.known_version:
             return tuner_pb2.GetStrategyTableResponse(unchanged=True)

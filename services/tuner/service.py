@@ -2,13 +2,12 @@
 
 Plain Python, hosted as a Ray actor (or in-process) that serves ``tailspec.v1.TunerService`` over gRPC
 (``serve()``; see ``services/tuner/grpc_service.py``): rollout actors report observations there, the driver
-fetches tables there. Its state (the bandit's windows, guards and RNG) is checkpointed to
+fetches tables there. Its state (the bandit's windows and bans) is checkpointed to
 ``checkpoint_path`` after every merge (atomic write) and restored on start, so a restarted tuner resumes
 where it stopped. A new run can start from an earlier run's state instead (``init_state``, config key
 ``tuner.init_state``): the arms' costs per batch size are a property of the model and the machine, so the
-evidence phase (each arm probed and guarded in every bucket: the first ~5 rollouts, measured in
-``benchmarks/rollout_longtail.py``) need not be paid again. The learned drafter's arms (``learned``,
-``hybrid``) start afresh, since the new run trains a new head.
+probes (each arm tried, and banned or kept, in every bucket) need not be paid again. The learned drafter's
+arms (``learned``, ``hybrid``) start afresh, since the new run trains a new head.
 """
 
 from __future__ import annotations
@@ -41,6 +40,14 @@ def load_state_file(bandit: BucketedBandit, path: str, key: str = "tuner.init_st
 
 
 class TunerService:
+    """The central tuner: a ``BucketedBandit`` over ``arms`` (default ``default_arms()``, less the drafters not in
+    ``available_drafters``) with ``bandit`` settings (``BanditConfig`` keys), resumed from ``checkpoint_path`` if
+    that file exists, else warm-started from ``init_state`` (module docstring).
+
+    Raises:
+        TunerConfigError: bad arms or settings, or a state file that is missing or does not fit.
+    """
+
     def __init__(
         self,
         arms: Iterable[Any] | None = None,
@@ -54,7 +61,7 @@ class TunerService:
             have = set(available_drafters) | {"off"}
             parsed = [a for a in parsed if str(a.drafter) in have]
         self.arms = parsed
-        self.bandit = BucketedBandit(parsed, BanditConfig.from_dict(dict(bandit or {}), "tuner.bandit"))
+        self.bandit = BucketedBandit(parsed, BanditConfig.from_dict(dict(bandit or {})))
         self.checkpoint_path = checkpoint_path
         self.merged = 0
         self.restored = False  # resumed this run's own checkpoint
@@ -65,7 +72,7 @@ class TunerService:
             self.restored = True
         elif init_state:
             load_state_file(self.bandit, init_state)
-            self.bandit.reset_arms(Drafter.LEARNED)  # a new head: its arms' (and hybrid's) evidence is stale
+            self.bandit.reset_arms([Drafter.LEARNED, Drafter.HYBRID])  # a new head: their evidence is stale
             self.warm_started = True
         self._table = self.bandit.table()
         self.server = None
@@ -73,15 +80,23 @@ class TunerService:
     def ping(self) -> int:
         return self.merged
 
+    def pid(self) -> int:
+        """This actor's process id (fault tests kill it)."""
+        return os.getpid()
+
     def serve(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> str:
-        """Serve ``tailspec.v1.TunerService`` (plus health) from this process; returns ``host:port``."""
-        from services.common.grpc_server import GrpcServer, expose
+        """Serve ``tailspec.v1.TunerService`` (plus health) from this process; returns ``host:port``. Every
+        call must carry ``token`` (required)."""
+        from services.common.grpc_server import GrpcServer, expose, require_token
         from services.common.proto_gen.tailspec.v1 import tuner_pb2_grpc
         from services.tuner.grpc_service import TunerGrpc
 
         adapter = TunerGrpc(self)
         self.server = GrpcServer(
-            [expose(tuner_pb2_grpc.TunerServiceServicer, adapter)], host=host, port=port, token=token
+            [expose(tuner_pb2_grpc.TunerServiceServicer, adapter)],
+            host=host,
+            port=port,
+            token=require_token(token, "the tuner's gRPC service"),
         )
         self.server.start()
         adapter.address = self.server.address

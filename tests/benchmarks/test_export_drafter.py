@@ -17,11 +17,11 @@ from services.rollout_actor.speculative.eagle import (
     EagleDraftModel,
     save_eagle_checkpoint,
 )
-from services.spot_trainer.trainer import save_state
+from services.spot_trainer.trainer import save_published
 
 
 def _publish(run_dir, version, head):
-    save_state(
+    save_published(
         dict(head.state_dict()), run_dir / "checkpoints" / "spot_trainer" / "published" / f"v{version:09d}"
     )
 

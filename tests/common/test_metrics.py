@@ -39,6 +39,7 @@ def test_prometheus_backend_scraped_over_http(tm):
     tm.set_worker_state("rollout-0", "WORKER_STATE_TRAINING")
     tm.record_arm_selection(bucket="8-15", arm="suffix-k8-w1", n=3)
     tm.set_versions(drafter=2)
+    tm.record_stream_drop("unauthenticated", 2)
     tm.record_step(
         {
             "step": 5,
@@ -78,6 +79,7 @@ def test_prometheus_backend_scraped_over_http(tm):
     assert s[("tailspec_bubble_trained_seconds_total", (("worker", "rollout-0"),))] == 1.0
     assert s[("tailspec_step_phase_seconds_count", (("phase", "train"),))] == 1
     assert s[("tailspec_step_phase_seconds_sum", (("phase", "rollout"),))] == 3.0
+    assert s[("tailspec_stream_frames_dropped_total", (("reason", "unauthenticated"),))] == 2
     # every documented metric is exported under its documented name
     families = {name for name, _ in s}
     for spec in M.METRICS:

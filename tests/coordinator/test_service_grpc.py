@@ -8,12 +8,14 @@ import pytest
 
 from services.coordinator.service import CoordinatorActor, CoordinatorClient
 
+TOKEN = "test-token"  # every service requires the run's token
+
 
 @pytest.fixture
 def served():
     actor = CoordinatorActor(heartbeat_timeout_s=30.0, preempt_deadline_s=2.0, min_fresh_samples=10)
-    address = actor.serve()
-    client = CoordinatorClient(address, timeout=10)
+    address = actor.serve(token=TOKEN)
+    client = CoordinatorClient(address, TOKEN, timeout=10)
     yield actor, client
     client.close()
     actor.close()
@@ -77,7 +79,7 @@ def test_run_report_reaches_status(served):
 
 def test_silent_worker_is_failed_by_the_ticker():
     actor = CoordinatorActor(heartbeat_timeout_s=0.5, heartbeat_interval_s=0.1, tick_interval_s=0.05)
-    c = CoordinatorClient(actor.serve(), timeout=10)
+    c = CoordinatorClient(actor.serve(token=TOKEN), TOKEN, timeout=10)
     try:
         c.register("0")
         c.register("1")
@@ -118,3 +120,5 @@ def test_token_required_off_loopback_and_enforced():
         actor.close()
     with pytest.raises(ValueError, match="token"):
         CoordinatorActor().serve(host="0.0.0.0")
+    with pytest.raises(ValueError, match="token"):  # loopback too
+        CoordinatorActor().serve()

@@ -90,6 +90,32 @@ def test_readme_ray_job_submit_command():
     assert "--dashboard-port=8265" in start and "--metrics-export-port=8080" in start
 
 
+def test_readme_ray_start_sets_every_port():
+    """Two Ray clusters on one host must not clash: the documented ``ray start`` names every port Ray would
+    otherwise pick by default (and a temp dir), each port once."""
+    (start,) = _readme_commands("ray start --head")
+    opts = dict(a.split("=", 1) for a in shlex.split(start)[3:] if a.startswith("--") and "=" in a)
+    ports = [
+        "--port",
+        "--dashboard-port",
+        "--dashboard-agent-listen-port",
+        "--dashboard-agent-grpc-port",
+        "--metrics-export-port",
+        "--ray-client-server-port",
+        "--runtime-env-agent-port",
+        "--node-manager-port",
+        "--object-manager-port",
+        "--min-worker-port",
+        "--max-worker-port",
+    ]
+    missing = [k for k in ports + ["--temp-dir"] if k not in opts]
+    assert not missing, missing
+    fixed = [int(opts[k]) for k in ports[:-2]]
+    assert len(set(fixed)) == len(fixed)
+    lo, hi = int(opts["--min-worker-port"]), int(opts["--max-worker-port"])
+    assert lo < hi and not any(lo <= p <= hi for p in fixed)
+
+
 def test_readme_mentions_token_auth_and_chart():
     text = (DEPLOY / "README.md").read_text()
     for needle in (

@@ -61,6 +61,23 @@ def test_train_writes_every_output(tmp_path, tiny_policy_dir):
     ):
         assert key in summary
     assert summary["steps"] == 2
+    # what speculation did to the tail: the replayed sample's whole-rollout and long-tail speed-ups, the
+    # step's share spent in rollout, the step with its rollout scaled to plain's
+    for r in rows:
+        assert 0 < r["rollout_share_of_step"] < 1
+        assert r["rollout_share_of_step"] == pytest.approx(r["rollout_seconds"] / r["step_seconds"])
+        m = r["speedup_measurement"]
+        assert m["plain_long_tail_seconds"] > 0 and m["spec_long_tail_seconds"] > 0
+        assert r["long_tail_speedup_vs_plain"] == m["plain_long_tail_seconds"] / m["spec_long_tail_seconds"]
+        want = (r["step_seconds"] - r["rollout_seconds"] * (1 - r["rollout_speedup_vs_plain"])) / r[
+            "step_seconds"
+        ]
+        assert r["step_speedup_vs_plain"] == pytest.approx(want)
+    assert summary["long_tail_speedup_vs_plain"] == pytest.approx(
+        sum(r["long_tail_speedup_vs_plain"] for r in rows) / 2
+    )
+    assert summary["response_len_p99_over_p50"] >= 1
+    assert 0 < summary["rollout_share_of_step"] < 1
     assert summary["tokens_generated_total"] == sum(r["tokens_generated"] for r in rows)
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     assert cfg["trainer"]["steps"] == 2 and cfg["rollout"]["max_new_tokens"] == 16

@@ -1,8 +1,13 @@
 """Faults in a running job: kill a rollout actor in the middle of a rollout (its unfinished requests are
 re-dispatched, the step ends with exactly G responses for every prompt, none lost, none doubled; later steps run
 on the survivors); kill the coordinator actor in the middle of a rollout (a fresh one is rebuilt from the
-workers' own reports and the step completes)."""
+workers' own reports and the step completes); SIGKILL the policy trainer's process in the middle of an update
+(a fresh trainer is restored from the newest checkpoint plus the updates since, the update is redone and the
+policy version never goes back); SIGKILL the tuner's process during a rollout (the rollout goes on, the next
+phase boundary restarts the tuner from its checkpoint and the run goes on tuning)."""
 
+import os
+import signal
 import threading
 import time
 
@@ -172,5 +177,59 @@ def test_kill_spot_trainer_replica(tmp_path, tiny_policy_dir, ray_cluster):
         assert 0 < after["resumed_step"] <= before["step"]  # its newest checkpoint (written at preemption)
         assert row["drafter_version"] >= version
         assert sum(w["requests"] for w in row["workers"]) == 4 * 4
+    finally:
+        driver._stop_services()
+
+
+def test_sigkill_policy_trainer_mid_update(tmp_path, tiny_policy_dir, ray_cluster):
+    driver = RLDriver(
+        _config(tiny_policy_dir, "trainer.steps=3", "rollout.max_new_tokens=96"), run_dir=tmp_path / "run"
+    )
+    driver._start_services()
+    try:
+        row1 = driver.step(1)
+        driver.rows.append(row1)
+        driver._save_checkpoint(1)
+        pid = driver.trainer.call(0, "pid")
+        call_many, killed = driver.trainer.call_many, []
+
+        def spy(calls):
+            if any(m == "train_step" for _, m, _ in calls) and not killed:
+                killed.append(pid)
+                threading.Timer(0.05, os.kill, (pid, signal.SIGKILL)).start()
+            return call_many(calls)
+
+        driver.trainer.call_many = spy
+        row2 = driver.step(2)
+        assert killed and driver.trainer.call(0, "pid") != pid  # a new process trains now
+        assert row2["trainer_restarts"] == 1
+        assert [row1["policy_version"], row2["policy_version"]] == [1, 2]
+        assert sum(w["requests"] for w in row2["workers"]) == B * G
+        row3 = driver.step(3)
+        assert row3["policy_version"] == 3 and row3["trainer_restarts"] == 1
+    finally:
+        driver._stop_services()
+
+
+def test_sigkill_tuner_mid_rollout(tmp_path, tiny_policy_dir, ray_cluster):
+    driver = RLDriver(
+        _config(tiny_policy_dir, "tuner.enabled=true", "rollout.max_new_tokens=96"), run_dir=tmp_path / "run"
+    )
+    driver._start_services()
+    try:
+        row1 = driver.step(1)
+        merged = driver.plane.tuner.call(0, "ping")
+        assert merged > 0  # step 1's observations are in its checkpoint
+        pid = driver.plane.tuner.call(0, "pid")
+        killed = _kill_after_submit(
+            driver.plane.rollout, 0, "rollout", 0.05, lambda _: os.kill(pid, signal.SIGKILL)
+        )
+        row2 = driver.step(2)
+        assert killed and killed[0] > 0
+        assert row2["tuner"]["tuner_restarts"] == 1 and driver.plane.tuner.call(0, "pid") != pid
+        assert driver.plane.tuner.call(0, "ping") >= merged  # resumed its checkpoint, not a cold table
+        assert row2["tuner"]["table_version"] >= row1["tuner"]["table_version"]
+        assert sum(w["requests"] for w in row2["workers"]) == B * G
+        assert row2["policy_version"] == row1["policy_version"] + 1
     finally:
         driver._stop_services()

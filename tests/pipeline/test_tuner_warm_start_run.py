@@ -47,9 +47,8 @@ def test_second_run_starts_from_the_first_runs_tuner_state(tmp_path, tiny_policy
     records = sum(r["observations"] for r in rows)  # the second run's records to the tuner
     own = sum(sum(r["choices"].values()) for r in rows)  # the second run's decode steps
     grown = sum(after.values()) - sum(before.values())
-    # the first run's evidence plus the second's: each record counts its step and the quiet steps it carries
-    # (TunedStrategyPolicy); the quiet steps after an actor's last measured step at a batch size (< 32 per actor
-    # and batch size: many, in so short a run) are still to be carried
+    # the first run's evidence plus the second's: each record counts its step and the leased steps it carries
+    # (StrategySelector), so every decode step is counted
     assert 0 < records <= grown <= own
     assert after["off"] > before["off"]
     summary = json.loads((second / "summary.json").read_text())

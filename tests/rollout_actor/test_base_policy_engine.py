@@ -19,7 +19,7 @@ from services.rollout_actor.model import Transformer
 from services.rollout_actor.speculative.eagle import EagleConfig, EagleDrafter
 from services.rollout_actor.speculative.hybrid import HybridDrafter
 from services.rollout_actor.speculative.ngram import NgramDrafter
-from services.rollout_actor.speculative.strategy import FixedPolicy, Strategy
+from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy
 from services.rollout_actor.speculative.suffix_tree import SuffixTreeDrafter
 from tests.conftest import BASE_POLICY, GSM8K_DIR
 
@@ -62,7 +62,7 @@ def _greedy(model, tok, questions, drafters=None, strategy=None, hidden_layers=(
         max_seq_len=1024,
         tokenizer=tok,
         drafters=drafters or {},
-        policy=FixedPolicy(strategy or Strategy()),
+        selector=FixedStrategy(strategy or Strategy()),
         hidden_layers=hidden_layers,
     )
     reqs = [

@@ -16,7 +16,7 @@ from services.rollout_actor.cuda_graphs import (
 from services.rollout_actor.engine import Engine, GenerationRequest, SamplingParams
 from services.rollout_actor.model import Transformer, _grouped_attention, init_weights
 from services.rollout_actor.speculative.ngram import NgramDrafter
-from services.rollout_actor.speculative.strategy import FixedPolicy, Strategy
+from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy
 from services.rollout_actor.speculative.suffix_tree import SuffixTreeDrafter
 from tests.conftest import tiny_config
 
@@ -282,7 +282,7 @@ def test_engine_graph_path_equals_eager_on_cpu(strategy, drafter):
     m = init_weights(Transformer(tiny_config(vocab_size=16)), seed=0, std=0.5).eval()
     kw = dict(max_batch_size=3, max_seq_len=160, eos_token_ids=[], hidden_layers=(1,))
     if strategy is not None:
-        kw.update(policy=FixedPolicy(strategy))
+        kw.update(selector=FixedStrategy(strategy))
     plain = Engine(m, drafters={strategy.drafter: drafter()} if drafter else None, **kw)
     ref = plain.generate(_greedy_requests())
     backend = FakeGraphBackend()
@@ -307,13 +307,13 @@ def test_engine_graph_path_equals_eager_on_cpu(strategy, drafter):
         assert any(k.tree for k in eng.graphed.pool.keys()) == (strategy.tree_width > 1)
 
 
-def test_engine_reports_capture_time_apart_so_the_policy_can_leave_it_out():
+def test_engine_reports_capture_time_apart_so_the_selector_can_leave_it_out():
     """A step that captured a graph says how long the capture took (``StepRecord.capture_seconds``, the same in
-    the policy's ``StepObservation``): the one-off cost the tuner must not charge to the step's arm."""
+    the selector's ``StepObservation``): the one-off cost the tuner must not charge to the step's arm."""
     m = init_weights(Transformer(tiny_config(vocab_size=16)), seed=0, std=0.5).eval()
     seen: list = []
 
-    class Recording(FixedPolicy):
+    class Recording(FixedStrategy):
         def observe(self, obs):
             seen.append(obs)
 
@@ -325,7 +325,7 @@ def test_engine_reports_capture_time_apart_so_the_policy_can_leave_it_out():
         eos_token_ids=[],
         cuda_graphs=True,
         graph_backend=backend,
-        policy=Recording(Strategy("ngram", 3)),
+        selector=Recording(Strategy("ngram", 3)),
         drafters={"ngram": NgramDrafter()},
     )
     eng.generate(_greedy_requests(n=5, max_new=40))
@@ -403,7 +403,7 @@ def test_cuda_engine_greedy_with_graphs_equals_without(strategy, drafter):
     m = init_weights(Transformer(tiny_config(vocab_size=16)), seed=0, std=0.5).eval().cuda()
     kw = dict(max_batch_size=6, max_seq_len=160, eos_token_ids=[])
     if strategy is not None:
-        kw.update(policy=FixedPolicy(strategy))
+        kw.update(selector=FixedStrategy(strategy))
 
     def run(graphs: bool):
         drafters = {strategy.drafter: drafter()} if drafter else None

@@ -34,7 +34,7 @@ from services.rollout_actor.speculative.eagle import (
     save_eagle_checkpoint,
     warmup,
 )
-from services.rollout_actor.speculative.strategy import FixedPolicy, Strategy
+from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy
 from tests.conftest import tiny_config
 
 V = 64
@@ -279,7 +279,7 @@ def test_eagle3_fusion_of_three_layers():
         prompts,
         10,
         drafters={"learned": drafter},
-        policy=FixedPolicy(Strategy("learned", 4, 2, 2)),
+        selector=FixedStrategy(Strategy("learned", 4, 2, 2)),
         hidden_layers=(0, 1, 2),
     )
     assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
@@ -473,7 +473,7 @@ def test_engine_greedy_identical_and_learned_drafts_accepted(trained):
             prompts,
             24,
             drafters={"learned": drafter},
-            policy=FixedPolicy(strategy),
+            selector=FixedStrategy(strategy),
             hidden_layers=(L,),
         )
         assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
@@ -487,7 +487,7 @@ def test_engine_greedy_identical_and_learned_drafts_accepted(trained):
         max_seq_len=64,
         eos_token_ids=[],
         drafters={"learned": drafter},
-        policy=FixedPolicy(Strategy("learned", 3)),
+        selector=FixedStrategy(Strategy("learned", 3)),
         hidden_layers=(L,),
     )
     outs = eng.generate(

@@ -11,7 +11,7 @@ import torch
 from services.rollout_actor.engine import Engine, GenerationRequest, SamplingParams
 from services.rollout_actor.model import Transformer, init_weights
 from services.rollout_actor.speculative.base import Drafter, DraftTree
-from services.rollout_actor.speculative.strategy import FixedPolicy, Strategy
+from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy
 from tests.conftest import tiny_config
 
 
@@ -50,7 +50,7 @@ def test_kept_hidden_state_is_the_state_after_the_last_committed_token(layers):
         max_seq_len=64,
         eos_token_ids=[],
         drafters={"oracle": OracleForSomeDrafter(target)},
-        policy=FixedPolicy(Strategy("oracle", 3)),
+        selector=FixedStrategy(Strategy("oracle", 3)),
         hidden_layers=layers,
     )
     prompts = [[5, 9, 2], [7, 1], [3, 3, 8, 1], [11, 4, 6]]

@@ -1,11 +1,11 @@
-"""Leases (``speculative/strategy.py``): the engine plays a policy's leased plain steps without asking it, the
-same tokens come out, ``Lease.left`` tells the policy how many it played, and a batch size outside the lease's
-range or a spent lease goes back to the policy."""
+"""Leases (``speculative/strategy.py``): the engine plays a selector's leased plain steps without asking it, the
+same tokens come out, ``Lease.left`` tells the selector how many it played, and a batch size outside the
+lease's range or a spent lease goes back to the selector."""
 
 import math
 
 from services.rollout_actor.engine import Engine, GenerationRequest, SamplingParams
-from services.rollout_actor.speculative.strategy import OFF, FixedPolicy, Lease, Strategy
+from services.rollout_actor.speculative.strategy import OFF, FixedStrategy, Lease, Strategy
 
 
 def _reqs(n=5):
@@ -17,8 +17,8 @@ def _reqs(n=5):
     ]
 
 
-class Counting(FixedPolicy):
-    """A fixed policy that counts the engine's calls."""
+class Counting(FixedStrategy):
+    """A fixed strategy that counts the engine's calls."""
 
     def __init__(self, strategy=OFF, lease=True):
         super().__init__(strategy)
@@ -35,11 +35,11 @@ class Counting(FixedPolicy):
         self.observed += 1
 
 
-def test_plain_decoding_asks_the_policy_once_and_emits_the_same_tokens(tiny_model):
+def test_plain_decoding_asks_the_selector_once_and_emits_the_same_tokens(tiny_model):
     asked, every = Counting(), Counting(lease=False)
     outs = {}
     for name, pol in (("leased", asked), ("asked", every)):
-        eng = Engine(tiny_model, max_batch_size=3, max_seq_len=64, eos_token_ids=[], policy=pol)
+        eng = Engine(tiny_model, max_batch_size=3, max_seq_len=64, eos_token_ids=[], selector=pol)
         outs[name] = (eng.generate(_reqs()), eng.step_log)
     (o1, log1), (o2, log2) = outs["leased"], outs["asked"]
     assert [o.token_ids for o in o1] == [o.token_ids for o in o2]
@@ -50,9 +50,9 @@ def test_plain_decoding_asks_the_policy_once_and_emits_the_same_tokens(tiny_mode
     assert not any(s.leased for s in log2) and all(s.strategy == "off" for s in log1)
 
 
-def test_a_drafting_fixed_policy_holds_no_lease():
-    assert FixedPolicy(Strategy("suffix", 4)).lease is None
-    assert FixedPolicy().lease.left == math.inf
+def test_a_drafting_fixed_strategy_holds_no_lease():
+    assert FixedStrategy(Strategy("suffix", 4)).lease is None
+    assert FixedStrategy().lease.left == math.inf
 
 
 class Bounded:
@@ -75,7 +75,7 @@ class Bounded:
 
 def test_a_lease_covers_its_batch_sizes_and_steps_only_and_left_counts_what_was_played(tiny_model):
     pol = Bounded(3, 2, 4)  # batch sizes 2 and 3, three steps at a time
-    eng = Engine(tiny_model, max_batch_size=5, max_seq_len=64, eos_token_ids=[], policy=pol)
+    eng = Engine(tiny_model, max_batch_size=5, max_seq_len=64, eos_token_ids=[], selector=pol)
     eng.generate(_reqs())
     log = eng.step_log
     assert len(pol.chosen) + sum(s.leased for s in log) == len(log)
@@ -98,11 +98,11 @@ def test_a_lease_covers_its_batch_sizes_and_steps_only_and_left_counts_what_was_
     assert runs == played
 
 
-def test_replacing_the_policy_drops_the_old_policys_lease(tiny_model):
-    eng = Engine(tiny_model, max_batch_size=2, max_seq_len=64, eos_token_ids=[], policy=Counting())
+def test_replacing_the_selector_drops_the_old_selectors_lease(tiny_model):
+    eng = Engine(tiny_model, max_batch_size=2, max_seq_len=64, eos_token_ids=[], selector=Counting())
     eng.generate(_reqs(2))
     second = Counting(lease=False)
-    eng.policy = second
+    eng.selector = second
     eng.generate(_reqs(2))
     assert len(second.chosen) == len(eng.step_log) - len([s for s in eng.step_log if s.leased]) - 1
     assert second.observed == len(second.chosen) > 1
@@ -119,16 +119,16 @@ def test_cpu_clock_records_each_steps_cpu_time(tiny_model):
 
 
 class Sampling(Bounded):
-    """Leases ``k`` steps at every batch size, asking for a sample of its 2nd step and every 3rd after it."""
+    """Leases ``k`` steps at every batch size, asking for a sample of every 3rd step."""
 
     def observe(self, obs):
-        self.lease = Lease(self.k, self.lo, self.hi, sample_in=2, sample_every=3)
+        self.lease = Lease(self.k, self.lo, self.hi, sample_every=3)
         self.leases.append(self.lease)
 
 
 def test_the_engine_times_the_sampled_leased_steps_into_the_lease(tiny_model):
     pol = Sampling(7, 1, math.inf)
-    eng = Engine(tiny_model, max_batch_size=3, max_seq_len=64, eos_token_ids=[], policy=pol)
+    eng = Engine(tiny_model, max_batch_size=3, max_seq_len=64, eos_token_ids=[], selector=pol)
     eng.generate(_reqs())
     log = eng.step_log
     # the leased steps in order, each with its lease and its step in it (1-based)
@@ -139,34 +139,10 @@ def test_the_engine_times_the_sampled_leased_steps_into_the_lease(tiny_model):
             leased.append((s, lease_i, at))
         else:
             lease_i, at = lease_i + 1, 0
-    want = [(s, i, a) for s, i, a in leased if a in (2, 5)]
+    want = [(s, i, a) for s, i, a in leased if a in (3, 6)]
     got = [(i, x) for i, lease in enumerate(pol.leases) for x in lease.samples]
     assert len(got) == len(want) > 0
     for (s, i, a), (j, x) in zip(want, got):
         assert i == j and x.left == 7 - a
         assert (x.batch_size, x.committed_tokens, x.seconds) == (s.batch_size, s.committed, s.seconds)
         assert x.thread_seconds >= 0 and x.capture_seconds == 0
-
-
-class Chained(Bounded):
-    """After every step it is asked about: one lease of ``k`` steps for batch sizes < 3 and one for >= 3, in a
-    shared chain, handing the engine the second."""
-
-    def observe(self, obs):
-        chain: list[Lease] = []
-        chain += [Lease(self.k, 1, 3, chain=chain), Lease(self.k, 3, math.inf, chain=chain)]
-        self.leases += chain
-        self.lease = chain[1]
-
-
-def test_the_engine_plays_a_step_under_whichever_lease_of_the_chain_covers_it(tiny_model):
-    pol = Chained(100, 1, math.inf)
-    eng = Engine(tiny_model, max_batch_size=5, max_seq_len=64, eos_token_ids=[], policy=pol)
-    eng.generate(_reqs())
-    log = eng.step_log
-    sizes = [s.batch_size for s in log]
-    assert min(sizes) < 3 <= max(sizes)  # the rollout passes from one lease's range into the other's
-    assert len(pol.chosen) == 1 and all(s.leased for s in log[1:])
-    small, large = pol.leases
-    assert 100 - small.left == sum(1 for s in log[1:] if s.batch_size < 3)
-    assert 100 - large.left == sum(1 for s in log[1:] if s.batch_size >= 3)

@@ -20,7 +20,7 @@ from services.rollout_actor.engine import Engine, GenerationRequest, SamplingPar
 from services.rollout_actor.model import Transformer, init_weights
 from services.rollout_actor.speculative.base import Drafter, DraftTree
 from services.rollout_actor.speculative.ngram import NgramDrafter
-from services.rollout_actor.speculative.strategy import FixedPolicy, Strategy
+from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy
 from services.rollout_actor.speculative.suffix_tree import SuffixTreeDrafter
 from tests.conftest import tiny_config
 from tests.rollout_actor.test_engine_speculative import FixedTokensDrafter, RandomSampledDrafter
@@ -122,7 +122,7 @@ def test_replay_emits_the_trace_for_every_drafter(model, strategy, drafter, temp
     traces = _traces(8)
     drafters = {strategy.drafter: drafter} if drafter is not None else {}
     eng = Engine(model, max_batch_size=4, max_seq_len=64, eos_token_ids=[EOS], drafters=drafters)
-    eng.policy = FixedPolicy(strategy)
+    eng.selector = FixedStrategy(strategy)
     outs = eng.generate(_replay_requests(traces, temperature))
     for o, t in zip(outs, traces):
         assert o.token_ids == t + [EOS] and o.finish_reason == "eos"
@@ -139,7 +139,7 @@ def test_replay_accepts_a_draft_iff_it_matches_the_trace(model, width):
     oracle = OracleDrafter({f"r{i}": t for i, t in enumerate(traces)})
     k = 4
     eng = Engine(model, max_batch_size=4, max_seq_len=64, eos_token_ids=[EOS], drafters={"oracle": oracle})
-    eng.policy = FixedPolicy(Strategy("oracle", k, tree_width=width, tree_depth=k))
+    eng.selector = FixedStrategy(Strategy("oracle", k, tree_width=width, tree_depth=k))
     outs = eng.generate(_replay_requests(traces, 0.9))
     for o, t in zip(outs, traces):
         assert o.token_ids == t + [EOS]
@@ -162,7 +162,7 @@ def test_replay_leaves_requests_without_a_reference_unchanged(model):
 
         alone = engine().generate([sampled(i) for i in range(4)])
         eng = engine()
-        eng.policy = FixedPolicy(strategy)
+        eng.selector = FixedStrategy(strategy)
         mixed = eng.generate([sampled(i) for i in range(4)] + _replay_requests(_traces(4), 0.9))
         plain_alone = [o.token_ids for o in alone]
         assert [o.token_ids for o in mixed[:4]] == plain_alone, strategy.name
@@ -176,7 +176,7 @@ def test_replay_refuses_sampled_drafts(model):
         max_seq_len=64,
         eos_token_ids=[EOS],
         drafters={"random": RandomSampledDrafter(0, vocab=V)},
-        policy=FixedPolicy(Strategy("random", 3)),
+        selector=FixedStrategy(Strategy("random", 3)),
     )
     with pytest.raises(ValueError, match="trace replay takes deterministic drafts only"):
         eng.generate(_replay_requests(_traces(2), 0.9))
@@ -221,7 +221,7 @@ def test_requests_at_the_cache_limit_beside_long_drafts(model, strategy, drafter
         max_seq_len=max_seq_len,
         eos_token_ids=[],
         drafters={strategy.drafter: drafter},
-        policy=FixedPolicy(strategy),
+        selector=FixedStrategy(strategy),
         draft_headroom=headroom,
     )
     want = [o.token_ids for o in plain.generate(reqs())]

@@ -21,7 +21,7 @@ from services.rollout_actor.model import Transformer, init_weights
 from services.rollout_actor.sampling import processed_probs
 from services.rollout_actor.speculative.base import Drafter, DraftRequest, DraftTree
 from services.rollout_actor.speculative.ngram import NgramDrafter
-from services.rollout_actor.speculative.strategy import FixedPolicy, Strategy
+from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy
 from services.rollout_actor.speculative.suffix_tree import SuffixTreeDrafter
 from tests.conftest import tiny_config
 
@@ -106,7 +106,7 @@ def sample_joint(model, drafter, strategy, n, temperature, top_k, seed=0) -> dic
         max_seq_len=32,
         eos_token_ids=[],
         drafters=drafters,
-        policy=FixedPolicy(strategy),
+        selector=FixedStrategy(strategy),
     )
     params = lambda i: SamplingParams(temperature, top_k=top_k, max_new_tokens=6, seed=seed * 10**6 + i)  # noqa: E731
     outs = eng.generate([GenerationRequest(str(i), PROMPT, params(i), "p") for i in range(n)])
@@ -212,7 +212,7 @@ def _plain_and_spec(m, params: SamplingParams, n: int, strategy: Strategy, draft
         max_seq_len=128,
         eos_token_ids=[],
         drafters={strategy.drafter: drafter},
-        policy=FixedPolicy(strategy),
+        selector=FixedStrategy(strategy),
     )
     return plain, eng.generate(reqs())
 
@@ -275,7 +275,7 @@ def test_sampled_drafts_keep_the_sequential_rule():
         max_seq_len=128,
         eos_token_ids=[],
         drafters={"random": RandomSampledDrafter(3)},
-        policy=FixedPolicy(Strategy("random", 3)),
+        selector=FixedStrategy(Strategy("random", 3)),
     ).generate(reqs)
     assert sum(o.spec.accepted for o in spec) > 0
     assert sum(a.token_ids != b.token_ids for a, b in zip(spec, plain)) >= 8
@@ -292,7 +292,7 @@ def test_draft_request_carries_context():
             return [DraftTree() for _ in requests]
 
     m = init_weights(Transformer(tiny_config()), seed=0).eval()
-    Engine(m, eos_token_ids=[], drafters={"spy": Spy()}, policy=FixedPolicy(Strategy("spy", 2))).generate(
+    Engine(m, eos_token_ids=[], drafters={"spy": Spy()}, selector=FixedStrategy(Strategy("spy", 2))).generate(
         [GenerationRequest("a", [3, 4], SamplingParams(0.0, max_new_tokens=4), "prob")]
     )
     assert (

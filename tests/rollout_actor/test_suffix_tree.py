@@ -171,7 +171,7 @@ def test_global_source_serves_other_problems_and_request_source_its_own_repeats(
     e = SuffixTreeDrafter()
     ctx = [5, 6, 7, 8, 9, 1, 2, 3, 5, 6, 7]
     (tree,) = e.propose([req("s", "z", ctx)], [8])
-    assert tree.tokens == [8, 9, 1]  # match "5 6 7" (L=3) -> floor(1.0 * 3 + 0) = 3 tokens
+    assert tree.tokens == [8, 9, 1, 2]  # match "5 6 7" (L=3) -> floor(1.0 * 3 + 1.0) = 4 tokens
 
 
 def test_empty_draft_when_nothing_matches():
@@ -183,8 +183,12 @@ def test_empty_draft_when_nothing_matches():
     )
     assert [len(t) for t in trees] == [0, 0, 0]
     assert all(t.score == 0.0 for t in trees)
-    # a single matched token is below min_match_len=2
-    assert len(d.propose([req("u", "p", [5, 1000])], [8])[0]) == 0
+    # a single matched token drafts by default (min_match_len=1: floor(1.0 * 1 + 1.0) = 2 tokens), not below a
+    # minimum of 2
+    assert d.propose([req("u", "p", [5, 1000])], [8])[0].tokens == [1001, 1002]
+    e = SuffixTreeDrafter(min_match_len=2)
+    e.finish_request("x", "p", unique(1000, 30))
+    assert len(e.propose([req("u", "p", [5, 1000])], [8])[0]) == 0
     assert len(SuffixTreeDrafter(min_match_len=1).propose([req("u", "q", [5, 1000])], [8])[0]) == 0  # fresh
 
 
@@ -246,14 +250,14 @@ def test_sibling_finishing_mid_request_extends_the_match():
     d.start_request("r", "p", x)
     d.observe("r", [1, 2])
     (tree,) = d.propose([req("r", "p", x + [1, 2], 10)], [8])
-    assert tree.tokens == [70, 71]  # match "1 2": 2 tokens
+    assert tree.tokens == [70, 71, 72]  # match "1 2": 3 tokens
     d.finish_request("s2", "p", x + [1, 2, 3] + unique(80, 10))
     d.observe("r", [3])
     (tree,) = d.propose([req("r", "p", x + [1, 2, 3], 10)], [8])
     assert tree.tokens == unique(80, 8)  # match of 13 tokens through the new sibling
 
 
-def test_longer_match_is_more_specific_and_budget_changes_the_cap():
+def test_longer_match_is_more_specific_than_the_shared_middle():
     d = SuffixTreeDrafter(max_depth=16, global_capacity=0)
     mid = unique(1, 8)
     a, b, c = unique(100, 8), unique(200, 8), unique(300, 8)
@@ -261,10 +265,12 @@ def test_longer_match_is_more_specific_and_budget_changes_the_cap():
     d.finish_request("s2", "p", b + mid + [60])
     d.finish_request("s3", "p", c + mid + [60])
     ctx = a + mid
-    (tree,) = d.propose([req("r", "p", ctx)], [8])  # cap 8: match = mid, next token 60 (2 of 3)
-    assert tree.tokens == [60] and tree.score == pytest.approx(2 / 3)
-    (tree,) = d.propose([req("r", "p", ctx)], [2])  # cap 14: match includes a's tail, next token 50
-    assert tree.tokens == [50] and tree.score == pytest.approx(1.0)
+    for budget in (8, 2):  # a chain's match is not capped by the room below it (it re-anchors at the depth)
+        (tree,) = d.propose([req("r", "p", ctx)], [budget])  # match includes a's tail: next token 50
+        assert tree.tokens == [50] and tree.score == pytest.approx(1.0)
+    # a tree needs room below its match: budget 8 caps the match at 8 = mid, whose next token is 60 (2 of 3)
+    (tree,) = d.propose([req("r", "p", ctx)], [8], width=2)
+    assert tree.tokens[0] == 60 and tree.score == pytest.approx(2 / 3 + 1 / 3)
 
 
 # ---------------------------------------------------------------------------------------------- sizing
@@ -296,7 +302,9 @@ def test_chain_depth_and_cap_leave_room_in_the_trie():
     d.finish_request("x", "p", resp)
     ctx = resp[:40]  # matches far longer than the trie depth
     (tree,) = d.propose([req("r", "p", ctx)], [8])
-    assert tree.tokens == resp[40:48]  # cap = 8: an 8-token match leaves 8 levels for the draft
+    assert tree.tokens == resp[40:48]  # a 15-token match, 1 level left: the chain re-anchors on 8 tokens
+    (tree,) = d.propose([req("r", "p", ctx)], [8], width=2)
+    assert tree.tokens == resp[40:48]  # a tree's match is capped at 8, leaving 8 levels
     (tree,) = d.propose([req("r", "p", ctx)], [8], depth=3)
     assert tree.tokens == resp[40:43]
 
@@ -328,14 +336,14 @@ def test_problem_capacity_is_fifo():
     assert d.stats()["problem_tokens"] == 40
 
 
-def test_global_fifo_eviction_by_tokens():
-    d = SuffixTreeDrafter(global_capacity=100, problem_capacity=0, use_request=False)
+def test_global_fifo_eviction_by_responses():
+    d = SuffixTreeDrafter(global_capacity=2, problem_capacity=0, use_request=False)
     a, b, c = unique(1000, 40), unique(2000, 40), unique(3000, 40)
     d.finish_request("a", "pa", a)
     d.finish_request("b", "pb", b)
     d.flush()
     assert d.propose([req("r", "z", a[:5])], [4])[0].tokens == a[5:9]
-    d.finish_request("c", "pc", c)  # 120 tokens > 100: a (the oldest) goes (stats() flushes)
+    d.finish_request("c", "pc", c)  # 3 responses > 2: a (the oldest) goes (stats() flushes)
     s = d.stats()
     assert s["global_tokens"] == 80 and s["global_responses"] == 2
     assert d.propose([req("r", "z", a[:5])], [4])[0].tokens == []
@@ -371,7 +379,12 @@ def test_drafts_are_well_formed_continuations_that_occur_in_history(
     assert_tree_ok(tree, budget, width, depth)
     anchor = ctx[len(ctx) - min_match :]
     for path in paths(tree):
-        assert any(occurs(anchor + path, s) for s in corpus), (anchor, path)
+        if width > 1:  # a tree path continues its match in one occurrence
+            assert any(occurs(anchor + path, s) for s in corpus), (anchor, path)
+        # a chain may re-anchor at the trie depth: each token follows its min_match predecessors somewhere
+        full = ctx + path
+        for i in range(len(ctx), len(full)):
+            assert any(occurs(full[i - min_match : i + 1], s) for s in corpus), (full, i)
 
 
 @FAST
@@ -381,7 +394,7 @@ def test_drafts_are_well_formed_continuations_that_occur_in_history(
 def test_incremental_state_gives_the_same_drafts_as_a_fresh_drafter(script):
     """Match hints, request tries built by observe(), and checkpoints must not change any draft."""
     rng = random.Random(len(script))
-    d = SuffixTreeDrafter(max_depth=10, window_steps=2, global_capacity=60, problem_capacity=3)
+    d = SuffixTreeDrafter(max_depth=10, window_steps=2, global_capacity=4, problem_capacity=3, index_budget=5)
     running: dict[str, list[int]] = {}
     step, nid = 0, 0
     for op, toks in script:
@@ -403,7 +416,7 @@ def test_incremental_state_gives_the_same_drafts_as_a_fresh_drafter(script):
             reqs = [req(rid, f"p{int(rid[1:]) % 2}", ids) for rid, ids in running.items()]
             budgets = [rng.randrange(0, 9) for _ in reqs]
             width = 1 + op % 2
-            fresh = SuffixTreeDrafter(max_depth=10, window_steps=2, global_capacity=60, problem_capacity=3)
+            fresh = SuffixTreeDrafter(max_depth=10, window_steps=2, global_capacity=4, problem_capacity=3)
             fresh.load_state_dict(pickle.loads(pickle.dumps(d.state_dict())))
             got = d.propose(reqs, budgets, width)
             want = fresh.propose(reqs, budgets, width)
@@ -433,7 +446,7 @@ def test_observe_and_lazy_sync_agree():
 
 def test_state_dict_round_trip_is_plain_and_exact():
     rng = random.Random(1)
-    cfg = dict(max_depth=16, window_steps=3, global_capacity=500, problem_capacity=4)
+    cfg = dict(max_depth=16, window_steps=3, global_capacity=8, problem_capacity=4)
     d = SuffixTreeDrafter(**cfg)
     for step in range(5):
         d.new_step(step)
@@ -511,4 +524,152 @@ def test_request_trie_is_built_at_first_propose_not_at_start():
     resp = unique(1000, 12)
     d.finish_request("r1", "p", resp)  # never drafted
     (tree,) = d.propose([req("r2", "p", prompt, len(prompt))], [5])
-    assert tree.tokens == resp[:4]  # match 4 + draft 4 = D: the stored response began with the prompt tail
+    assert (
+        tree.tokens == resp[:5]
+    )  # the stored response began with the prompt tail (7-token match, re-anchored)
+
+
+# ---------------------------------------------------------------------------------------------- match choice
+def test_one_token_match_drafts():
+    def build(**kw) -> SuffixTreeDrafter:
+        d = SuffixTreeDrafter(global_capacity=0, use_request=False, **kw)
+        d.finish_request("s", "p", [5, 6, 7, 8, 9, 10, 11])
+        return d
+
+    ctx = [40, 41, 7]  # only "7" matches
+    (tree,) = build().propose([req("r", "p", ctx)], [8])  # floor(1.0 * 1 + 1.0) = 2 tokens
+    assert tree.tokens == [8, 9] and tree.score == pytest.approx(2.0)
+    assert build(beta=0.0).propose([req("r", "p", ctx)], [8])[0].tokens == [8]
+    assert build(min_match_len=2).propose([req("r", "p", ctx)], [8])[0].tokens == []
+
+
+def test_best_score_over_match_lengths_can_choose_a_shorter_match():
+    d = SuffixTreeDrafter(global_capacity=0, use_request=False)
+    for i, s in enumerate([[9, 1, 2, 50], [9, 1, 2, 60]] + [[1, 2, 70, 71]] * 3):
+        d.finish_request(f"s{i}", "p", s)
+    # longest match "9 1 2" (2 occurrences): 50 or 60, score 1/2; "1 2" (5 occurrences): 70 71 at 3/5 each
+    (tree,) = d.propose([req("r", "p", [8, 9, 1, 2])], [8])
+    assert tree.tokens == [70, 71] and tree.score == pytest.approx(1.2)
+    # without the shorter candidates' advantage (a single 70 71 sibling), the longest match wins
+    e = SuffixTreeDrafter(global_capacity=0, use_request=False)
+    for i, s in enumerate([[9, 1, 2, 50], [9, 1, 2, 60], [1, 2, 70, 71]]):
+        e.finish_request(f"s{i}", "p", s)
+    (tree,) = e.propose([req("r", "p", [8, 9, 1, 2])], [8])
+    assert tree.tokens == [50] and tree.score == pytest.approx(0.5)
+
+
+def test_chain_budget_up_to_and_past_max_depth_is_used():
+    d = SuffixTreeDrafter(global_capacity=0)  # max_depth 32
+    resp = unique(1000, 200)
+    d.finish_request("s", "p", resp)
+    ctx = [7] + resp[:40]
+    t8, t16, t32, t48 = (d.propose([req("r", "p", ctx)], [k])[0] for k in (8, 16, 32, 48))
+    assert t8.tokens == resp[40:48] and t16.tokens == resp[40:56]
+    # longer than K=16's: a 31-token match (L <= D - 1) allows floor(1.0 * 31 + 1.0) = 32 tokens, re-anchored at D
+    assert t32.tokens == resp[40:72] and t32.score == pytest.approx(32.0)
+    assert t48.tokens == resp[40:72]
+    assert len(SuffixTreeDrafter(global_capacity=0, beta=40.0).propose([req("r", "p", ctx)], [48])[0]) == 0
+    e = SuffixTreeDrafter(global_capacity=0, beta=40.0)
+    e.finish_request("s", "p", resp)
+    assert e.propose([req("r", "p", ctx)], [48])[0].tokens == resp[40:88]
+
+
+def test_global_capacity_counts_responses_not_tokens():
+    d = SuffixTreeDrafter(global_capacity=2, problem_capacity=0, use_request=False)
+    big, a, b = unique(10_000, 3000), unique(1000, 5), unique(2000, 5)
+    d.finish_request("x", "p0", big)
+    d.finish_request("y", "p1", a)
+    d.flush()
+    assert d.stats()["global_responses"] == 2 and d.stats()["global_tokens"] == 3005  # 3005 tokens stay
+    d.finish_request("z", "p2", b)
+    s = d.stats()
+    assert s["global_responses"] == 2 and s["global_tokens"] == 10
+    assert d.propose([req("r", "q", big[:5])], [4])[0].tokens == []
+    assert d.propose([req("r2", "q", a[:2])], [2])[0].tokens == a[2:4]
+
+
+# ---------------------------------------------------------------------------------------------- bounded indexing
+def test_long_sibling_is_indexed_a_bounded_number_of_suffixes_per_propose():
+    budget = 64
+    resp = [7 + (i * 7919) % 50_000 for i in range(1000)]  # distinct tokens
+    d = SuffixTreeDrafter(index_budget=budget, global_capacity=0)
+    eager = SuffixTreeDrafter(global_capacity=0)
+    for x in (d, eager):
+        x.start_request("s", "p", [1, 2, 3])
+        x.finish_request("s", "p", resp)  # stored with the prompt tail [1, 2, 3]: 1003 suffixes
+    eager.flush()
+    ctx = [1, 2, 3] + resp[:2]
+    works, drafts = [], []
+    for _ in range(30):
+        tree, _ = d.propose([req("r", "p", ctx, 3), req("r2", "p", ctx, 3)], [8, 8])
+        works.append(d.last_index_work)
+        drafts.append(tree.tokens)
+        if not works[-1]:
+            break
+    assert max(works) == budget and works[-1] == 0  # per propose call, over all its requests
+    assert sum(works) == 1003 and len(works) == 1003 // budget + 2
+    assert (
+        drafts[0] == resp[2:8]
+    )  # the beginning is indexed first: a 5-token match, floor(1.0 * 5 + 1.0) tokens
+    assert d.propose([req("r", "p", ctx + resp[2:400])], [8])[0].tokens == resp[400:408]
+    want = eager.propose([req("q", "p", ctx + resp[2:900])], [8])[0]
+    got = d.propose([req("q", "p", ctx + resp[2:900])], [8])[0]
+    assert (got.tokens, got.score) == (want.tokens, want.score) and got.tokens == resp[900:908]
+    # a budget-0 request (speculation off) does no indexing; a short sibling is whole at the next propose
+    d.finish_request("t", "p", unique(100_000, 10))
+    d.propose([req("r", "p", ctx)], [0])
+    assert d.last_index_work == 0
+    assert d.propose([req("r", "p", [100_003, 100_004])], [2])[0].tokens == unique(100_005, 2)
+    assert d.last_index_work == 10
+
+
+@FAST
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(0, 5), max_size=12)), min_size=1, max_size=25),
+    st.integers(1, 6),
+)
+def test_partial_indexing_and_match_hints_never_change_a_draft(script, index_budget):
+    """Two drafters get the same calls (so queued siblings are indexed alike); the twin proposes under a new
+    request id every time (no match hints, request trie rebuilt), and a third drafter restored from a
+    checkpoint of the first (fully indexed) must agree after both flush."""
+    cfg = dict(max_depth=8, global_capacity=3, problem_capacity=2, index_budget=index_budget)
+    d, twin = SuffixTreeDrafter(**cfg), SuffixTreeDrafter(**cfg)
+    ctx: list[int] = []
+    n = 0
+    for op, toks in script:
+        if op == 0:
+            for x in (d, twin):
+                x.finish_request(f"s{n}", "p", toks)
+            n += 1
+        elif op == 1:
+            for x in (d, twin):
+                x.finish_request(f"s{n}", "q", toks)
+                x.flush()
+            n += 1
+        else:
+            ctx = ctx + toks
+            n += 1
+            got = d.propose([req("r", "p", ctx)], [op * 3])[0]
+            want = twin.propose([req(f"t{n}", "p", ctx)], [op * 3])[0]
+            assert (got.tokens, round(got.score, 9)) == (want.tokens, round(want.score, 9))
+            assert d.last_index_work == twin.last_index_work <= index_budget
+
+
+@FAST
+@given(st.integers(2, 7), st.lists(seq_st, min_size=1, max_size=5), st.data())
+def test_trie_ranges_of_suffixes_compose(depth, seqs, data):
+    """Indexing a sequence in consecutive ranges of suffix starts equals indexing it at once; removal too."""
+    t = SuffixTrie(depth)
+    seqs = [s for s in seqs if s]
+    for s in seqs:
+        cut = data.draw(st.integers(0, len(s)))
+        t.insert(s, 0, cut)
+        t.insert(s, cut)
+    assert trie_counts(t) == brute_counts(seqs, depth) and t.num_seqs == len(seqs)
+    if not seqs:
+        return
+    s = seqs[0]
+    cut = data.draw(st.integers(0, len(s)))
+    t.remove(s, cut)
+    t.remove(s, 0, cut)
+    assert trie_counts(t) == brute_counts(seqs[1:], depth) and t.num_tokens == sum(map(len, seqs[1:]))

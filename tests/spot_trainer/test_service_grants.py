@@ -141,14 +141,14 @@ def test_sync_replicas_averages_weighted_by_steps(make_service):
 
 def test_grpc_grant_preempt_status_round_trip(make_service):
     svc = make_service()
-    addr = svc.serve()
-    assert addr.startswith("127.0.0.1:") and svc.serve() == addr
-    with SpotTrainerClient(addr) as c:
+    addr = svc.serve(token="s3cret")
+    assert addr.startswith("127.0.0.1:") and svc.serve(token="s3cret") == addr
+    with SpotTrainerClient(addr, "s3cret") as c:
         st = c.status()
         assert set(st) == set(svc.status())
         assert st["replica"] == 0 and st["leader"] and st["grpc_address"] == addr
         assert st["stream_address"] == svc.address() and st["buffered_samples"] == 0
-        refused = c.grant(_grant("g0"))
+        refused = c.grant(_grant("g0", deadline=time.time() + 600))
         assert not refused["accepted"] and "not enough fresh data" in refused["message"]
         feed(svc).close()
         deadline = time.time() + 600
@@ -180,8 +180,10 @@ def test_grpc_grant_preempt_status_round_trip(make_service):
 
 def test_grpc_token_required(make_service):
     svc = make_service()
-    with pytest.raises(ValueError, match="non-loopback"):
-        svc.serve(host="0.0.0.0")  # off loopback needs a token
+    with pytest.raises(ValueError, match="token"):
+        svc.serve(host="0.0.0.0")  # every service needs the run's token
+    with pytest.raises(ValueError, match="token"):
+        svc.serve()  # loopback too
     addr = svc.serve(token="s3cret")
     with SpotTrainerClient(addr) as anon, pytest.raises(grpc.RpcError) as err:
         anon.status()

@@ -9,8 +9,11 @@ import pytest
 
 from services.common.config import ConfigError, load_config
 from services.pipeline.control_plane import ControlPlane
+from services.rollout_actor.speculative.base import DraftRequest
+from services.rollout_actor.speculative.strategy import StepObservation
 from services.tuner.arms import OFF, Arm, Drafter
-from services.tuner.bandit import BanditConfig, BucketedBandit, TablePolicy, gate_table
+from services.tuner.bandit import BanditConfig, BucketedBandit, gate_table
+from services.tuner.selector import StrategySelector
 
 LEARNED = Arm(Drafter.LEARNED, 4)
 HYBRID = Arm(Drafter.HYBRID, 8)
@@ -18,16 +21,17 @@ SUFFIX = Arm(Drafter.SUFFIX, 8)
 
 
 def _bandit() -> BucketedBandit:
-    b = BucketedBandit([OFF, SUFFIX, LEARNED, HYBRID], BanditConfig(epsilon=0.5, min_samples_for_guard=10**6))
-    for _ in range(8):  # at batch 1 the learned arm is the best, suffix second, off last
-        b.observe(1, OFF, 1, 0.010)
-        b.observe(1, SUFFIX, 1.3, 0.010)
-        b.observe(1, LEARNED, 2.0, 0.010)
-        b.observe(1, HYBRID, 1.5, 0.010)
+    b = BucketedBandit([OFF, SUFFIX, LEARNED, HYBRID], BanditConfig(min_samples=4))
+    for i in range(8):  # at batch 1 the learned arm is the best, then hybrid, suffix, off
+        jitter = 0.0001 * (i % 3)
+        b.observe(1, OFF, 1, 0.010 + jitter)
+        b.observe(1, SUFFIX, 1.3, 0.010 + jitter)
+        b.observe(1, LEARNED, 2.0, 0.010 + jitter)
+        b.observe(1, HYBRID, 1.5, 0.010 + jitter)
     return b
 
 
-def test_gated_arms_are_never_played_and_best_falls_back():
+def test_gated_arms_are_never_played_and_best_falls_back_to_off():
     bandit = _bandit()
     table = bandit.table()
     assert table["buckets"][0]["best"] == LEARNED.name
@@ -36,16 +40,16 @@ def test_gated_arms_are_never_played_and_best_falls_back():
     assert b0["best"] == OFF.name  # the gate does not promote another arm: off is the safe choice
     assert b0["explore"] == [SUFFIX.name] and not b0["probe"]
     assert b0["gated"] == sorted([LEARNED.name, HYBRID.name])
-    assert b0["explore_p"] == []  # priced against the gated best: epsilon / n instead
     assert table["buckets"][0]["best"] == LEARNED.name  # the original table is not modified
-    policy = TablePolicy(gated, seed=0)
-    played = {policy.choose(1).name for _ in range(400)}
-    assert played == {OFF.name, SUFFIX.name}
-    # gating an arm that is not the best keeps the others' priced probabilities, aligned with explore
-    hyb = gate_table(table, ["hybrid"])["buckets"][0]
-    p = dict(zip(table["buckets"][0]["explore"], table["buckets"][0]["explore_p"]))
-    assert hyb["best"] == LEARNED.name and hyb["explore_p"] == [p[n] for n in hyb["explore"]]
-    assert HYBRID.name not in hyb["explore"] and len(hyb["explore"]) == 2
+    sel = StrategySelector({**gated, "regret_budget": 1.0}, clock="engine")
+    played = set()
+    for _ in range(50):
+        s = sel.choose([DraftRequest("r", "p", [1, 2], 1)])[0]
+        played.add(s.drafter)
+        sel.observe(StepObservation(1, s.name, 1, 0, 0, 0.01))
+    assert played == {"off", "suffix"}
+    hyb = gate_table(table, ["hybrid"])["buckets"][0]  # gating an arm that is not the best keeps the best
+    assert hyb["best"] == LEARNED.name and HYBRID.name not in hyb["explore"] and len(hyb["explore"]) == 2
     # the gate does not touch the statistics: without it, the table is the bandit's again
     assert gate_table(bandit.table(), [])["buckets"][0]["best"] == LEARNED.name
 

@@ -8,13 +8,15 @@ import random
 import pytest
 
 from services.common.config import ConfigError, load_config
+from services.rollout_actor.speculative.base import DraftRequest
 from services.tuner.arms import TunerConfigError, parse_arms
+from services.tuner.selector import StrategySelector
 from services.tuner.service import TunerService
-from services.tuner.sim import ArmProfile, CostModel
+from tests.tuner.sim import ArmProfile, CostModel
 
 PROFILES = {
     "suffix-k4-w1": ArmProfile(alpha=0.72, draft_ms_per_request=0.02),
-    "ngram-k3-w1": ArmProfile(alpha=0.05, draft_ms_per_request=0.02),
+    "ngram-k3-w1": ArmProfile(alpha=0.0, draft_ms_per_level=3.0),
     "learned-k4-w1": ArmProfile(alpha=0.70, draft_ms_per_level=1.0),
 }
 ARMS = ["off", *PROFILES]
@@ -41,14 +43,16 @@ def second_run(tmp_path):
     """The second run's tuner: its own checkpoint path, and the first run's state as ``init_state``."""
     return TunerService(
         ARMS,
-        {"seed": 2},
+        {"ban_steps": 10**6},
         checkpoint_path=str(tmp_path / "run2" / "tuner_state.json"),
         init_state=str(tmp_path / "run1" / "tuner_state.json"),
     )
 
 
 def test_a_new_run_starts_from_the_earlier_runs_evidence_but_not_its_learned_arms(tmp_path):
-    first = TunerService(ARMS, {"seed": 1}, checkpoint_path=str(tmp_path / "run1" / "tuner_state.json"))
+    first = TunerService(
+        ARMS, {"ban_steps": 10**6}, checkpoint_path=str(tmp_path / "run1" / "tuner_state.json")
+    )
     first.merge(observations(3000, seed=0))
     before = arm_stats(first)
     assert any(n > 0 for (_, name), (n, _) in before.items() if name.startswith("learned"))
@@ -62,6 +66,9 @@ def test_a_new_run_starts_from_the_earlier_runs_evidence_but_not_its_learned_arm
             assert after[(bucket, name)] == (0, False)  # a new head: probed afresh
         else:
             assert after[(bucket, name)] == st  # windows and guards carried over
+    # the warm table already knows batch 1's faster arm: a rollout actor's selector plays it from its first step
+    sel = StrategySelector(second.table(), clock="engine")
+    assert [s.name for s in sel.choose([DraftRequest("r", "p", [1, 2], 1)])] == ["suffix-k4"]
     b80 = second.table()["buckets"][second.bandit.bucket_of(80)]
     assert "learned-k4-w1" in b80["probe"] and "off" not in b80["probe"]  # only the new head is probed
     assert "ngram-k3-w1" in b80["guarded"]

@@ -1,4 +1,4 @@
-"""The tuner on the real engine and the default policy, timed by a cost model instead of the wall clock.
+"""The tuner on the real engine and the base policy, timed by a cost model instead of the wall clock.
 
 A decode step costs ``BASE + PER_TOKEN * (active batch + draft tokens)`` model-milliseconds (a fixed launch
 overhead plus the verified tokens: what a memory/overhead-bound decoder pays). The engine decodes the same
@@ -7,7 +7,9 @@ step times, learning over a few rounds. Decoding is greedy, so every arm produce
 (lossless) and only the number of verify steps and draft tokens differs. Asserted (tokens and modeled time):
 
 * batch 4: the tuner's last round is within 10% of the best fixed arm's throughput;
-* batch 64: the tuner's best arm for the 64+ bucket is ``off`` or an arm at least as fast as ``off`` there.
+* batch 64: the tuner's best arm for the 64+ bucket is ``off`` or an arm at least as fast as ``off`` there;
+* a settled bucket (off best, nothing left to explore) is played under the selector's lease: the engine asks
+  ``choose`` about a few steps only, and the tokens are those of plain decoding.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from tokenizers import Tokenizer
 from services.pipeline.datasets import format_prompt, load_gsm8k
 from services.rollout_actor.engine import Engine, GenerationRequest, SamplingParams
 from services.rollout_actor.model import Transformer
-from services.rollout_actor.speculative.strategy import FixedPolicy, StepObservation, Strategy
+from services.rollout_actor.speculative.strategy import FixedStrategy, StepObservation, Strategy
 from services.rollout_actor.worker import build_drafters
-from services.tuner.policy import TunedStrategyPolicy
+from services.tuner.selector import StrategySelector
 from services.tuner.service import TunerService
 from tests.conftest import BASE_POLICY, GSM8K_DIR
 
@@ -38,12 +40,19 @@ def cost(batch: int, drafted: int) -> float:
 
 
 class Modeled:
-    """Wraps a strategy policy: the step's seconds it observes are the cost model's, not the wall clock's."""
+    """Wraps a strategy selector: the step's seconds it observes are the cost model's, not the wall clock's;
+    counts the steps it is asked about."""
 
     def __init__(self, inner):
         self.inner = inner
+        self.asked = 0
+
+    @property
+    def lease(self):
+        return self.inner.lease
 
     def choose(self, requests):
+        self.asked += 1
         return self.inner.choose(requests)
 
     def observe(self, obs: StepObservation):
@@ -66,7 +75,7 @@ def setup():
     return model, tok, load_gsm8k(GSM8K_DIR / "test.jsonl")
 
 
-def run(model, tok, questions, policy, batch, n_requests, seed):
+def run(model, tok, questions, selector, batch, n_requests, seed):
     drafters = build_drafters(model)
     eng = Engine(
         model,
@@ -74,7 +83,7 @@ def run(model, tok, questions, policy, batch, n_requests, seed):
         max_seq_len=1024,
         tokenizer=tok,
         drafters=drafters,
-        policy=Modeled(policy),
+        selector=selector if isinstance(selector, Modeled) else Modeled(selector),
     )
     reqs = [
         GenerationRequest(
@@ -88,7 +97,7 @@ def run(model, tok, questions, policy, batch, n_requests, seed):
     outs = eng.generate(reqs)
     tokens = sum(len(o.token_ids) for o in outs)
     modeled = sum(cost(s.batch_size, s.drafted) for s in eng.step_log)
-    return tokens / modeled, eng
+    return tokens / modeled, eng, [o.token_ids for o in outs]
 
 
 @pytest.mark.parametrize("batch, n_requests, rounds", [(4, 8, 4), (64, 64, 3)])
@@ -97,22 +106,39 @@ def test_tuner_against_fixed_arms(setup, batch, n_requests, rounds):
     fixed = {}
     for arm in ARMS:
         s = Strategy(arm["drafter"], arm.get("max_draft_tokens", 0))
-        fixed[s.name] = run(model, tok, questions, FixedPolicy(s), batch, n_requests, seed=1000)[0]
-    tuner = TunerService(ARMS, {"epsilon": 0.05, "min_samples_for_guard": 4}, ["suffix", "ngram"])
-    policy = TunedStrategyPolicy(tuner.table(), seed=0, clock="engine")  # the modeled step times
+        fixed[s.name] = run(model, tok, questions, FixedStrategy(s), batch, n_requests, seed=1000)[0]
+    tuner = TunerService(ARMS, {"regret_budget": 0.05}, ["suffix", "ngram"])
+    selector = StrategySelector(tuner.table(), seed=0, clock="engine")  # the modeled step times
     for _ in range(rounds):  # learn across rounds, as across RL steps
-        thr, eng = run(model, tok, questions, policy, batch, n_requests, seed=1000)
-        policy.update_table(tuner.merge(policy.drain_observations()))
-    thr, _ = run(model, tok, questions, policy, batch, n_requests, seed=1000)  # the fixed arms' workload
+        run(model, tok, questions, selector, batch, n_requests, seed=1000)
+        selector.update_table(tuner.merge(selector.drain_observations()))
+    thr = run(model, tok, questions, selector, batch, n_requests, seed=1000)[0]  # the fixed arms' workload
     best_name = max(fixed, key=fixed.get)
     print(
         f"\nbatch {batch}: fixed { ({k: round(v, 3) for k, v in fixed.items()}) }, tuner {thr:.3f}, "
-        f"best table {tuner.bandit.best_arms()}"
+        f"best table {[b['best'] for b in tuner.table()['buckets']]}"
     )
     if batch <= 4:
         assert thr >= 0.9 * fixed[best_name], (thr, fixed)
     else:
         b = tuner.bandit.bucket_of(batch)
-        chosen = tuner.bandit.best_arms()[b]
+        chosen = tuner.table()["buckets"][b]["best"]
         med = {a: v["median"] for a, v in tuner.stats()["buckets"][b]["arms"].items() if v["n"]}
         assert chosen == "off" or med[chosen] >= med["off"], (chosen, med)
+
+
+def test_a_settled_bucket_is_leased_and_decodes_what_plain_decoding_does(setup):
+    model, tok, questions = setup
+    _, plain, plain_outs = run(model, tok, questions, FixedStrategy(), 8, 8, seed=7)
+    # every drafting arm banned everywhere: off is settled in every bucket
+    table = TunerService(ARMS, None, ["suffix", "ngram"]).table()
+    for b in table["buckets"]:
+        b.update(probe=[], explore=[], guarded=[a for a in table["arms"] if a != "off"])
+    modeled = Modeled(StrategySelector(table, clock="engine"))
+    _, eng, outs = run(model, tok, questions, modeled, 8, 8, seed=7)
+    assert outs == plain_outs
+    assert [s.batch_size for s in eng.step_log] == [s.batch_size for s in plain.step_log]
+    buckets = len({TunerService(ARMS).bandit.bucket_of(s.batch_size) for s in eng.step_log})
+    assert modeled.asked <= buckets + len(eng.step_log) // 64  # one per bucket entered (and lease renewal)
+    assert modeled.asked < len(eng.step_log) / 4
+    assert sum(s.leased for s in eng.step_log) == len(eng.step_log) - modeled.asked

@@ -60,3 +60,12 @@ def merge_drafters(rows: list[dict]) -> dict:
     return {
         n: {"drafted": d, "accepted": a, "acceptance_rate": a / d if d else None} for n, (d, a) in tot.items()
     }
+
+
+LONG_TAIL_BATCH = 8  # a decode step with at most this many active requests belongs to the rollout's long tail
+
+
+def long_tail_seconds(step_log: Iterable, max_batch: int = LONG_TAIL_BATCH) -> float:
+    """Seconds of the rollout's long-tail phase: the decode steps (``Engine.step_log`` records) with at most
+    ``max_batch`` active requests, where a rollout spends its time once most responses have finished."""
+    return float(sum(s.seconds for s in step_log if s.batch_size <= max_batch))

@@ -1,7 +1,8 @@
 """Suffix-tree drafter: nonparametric drafts from the request itself, its GRPO group, and recent rollouts.
 
 After SuffixDecoding (Oliaro et al. 2024, arXiv 2411.04975; ArcticInference / vLLM ``suffix``) and DAS
-(arXiv 2511.13841). Deterministic drafter: every ``DraftTree`` it returns has ``probs = None``.
+(arXiv 2511.13841). Deterministic drafter: every ``DraftTree`` it returns has ``probs = None``. The tries and
+the walks that draft from them are in ``suffix_trie``.
 
 Sources
 -------
@@ -14,66 +15,81 @@ Three counted suffix tries (every suffix of every indexed sequence, truncated to
   some tokens were never observed (the engine only calls ``observe`` on the step's drafter).
 * **problem**: per ``problem_id``, the finished responses to that prompt (GRPO siblings as they finish,
   plus earlier RL steps). ``finish_request`` only queues a response (it runs on the engine's decode
-  thread, also in steps where speculation is off); a problem's queue is indexed when one of its requests
-  proposes, so siblings see each other exactly as if indexed at once. A response stays while it is one of the last ``problem_capacity`` of its problem
-  and was added in one of the last ``window_steps`` (W) RL steps: ``new_step(s)`` removes those added at
-  steps ``<= s - W``.
-* **global**: recent responses of all problems, FIFO-evicted (whole responses) past ``global_capacity``
-  tokens. Queued responses enter it at ``flush()`` (the rollout worker calls it after each rollout, in a
-  background thread; ``new_step``, ``state_dict`` and ``stats`` flush too), so within one rollout the global
-  source serves the earlier rollouts' responses.
+  thread, also in steps where speculation is off). A problem's queue is indexed incrementally by the
+  ``propose`` calls of its requests, at most ``index_budget`` suffixes per ``propose`` call in all (suffix
+  starts in order, so a sibling's beginning is served first), and whatever is left by ``flush``: an
+  8k-token sibling costs ~20 ms to index, which at once would stall one decode step; bounded, it is spread
+  over ~30 steps of < 1 ms each, while a short sibling (<= ``index_budget`` tokens) is still whole at the
+  first ``propose`` after it finished. (The alternative, indexing siblings only in the background ``flush``
+  after a rollout, would hide a rollout's finished siblings from its own long tail, the requests that
+  profit most.) ``last_index_work`` is the number of suffixes the last ``propose`` indexed. A response stays
+  while it is one of the last ``problem_capacity`` of its problem and was added in one of the last
+  ``window_steps`` (W) RL steps: ``new_step(s)`` removes those added at steps ``<= s - W``.
+* **global**: the last ``global_capacity`` finished responses of all problems (FIFO over whole responses).
+  Queued responses enter it at ``flush()`` (the rollout worker calls it after each rollout, in a background
+  thread; ``new_step``, ``state_dict`` and ``stats`` flush too), so within one rollout the global source
+  serves the earlier rollouts' responses.
 
 A stored response is ``prompt[-(D - 1):] + output_ids``: the prompt tail lets a sibling that has generated
-nothing yet draft the group's first tokens.
+nothing yet draft the group's first tokens. ``add_history`` queues a response without a running request
+(warm start from logged rollouts, offline evaluation: ``benchmarks/suffix_offline.py``).
 
 Trie
 ----
 A node's count ``n`` is the number of occurrences of its string; the probability of a child is
 ``count(child) / sum(count(children))`` (the parent's occurrences that continue; SuffixDecoding divides by
-``count(parent)``, which differs only at sequence ends, i.e. for the growing request itself). Runs of
-tokens with one count are one node (``seq[pos:lim]`` of a stored sequence, as in a compressed suffix
-tree, and a leaf's run grows with a running request), so an indexed token costs about 1.5 nodes instead of
-D. ``remove`` re-walks the sequence's suffixes, decrementing counts and deleting nodes that reach zero, so
-eviction is exact: the counts always equal those of the sequences currently indexed (tested against brute
-force).
+``count(parent)``, which differs only at sequence ends, i.e. for the growing request itself). Single-count
+runs are one node (compressed), and eviction is exact: ``remove`` re-walks the sequence's suffixes, so the
+counts always equal those of the sequences currently indexed (tested against brute force).
 
 Propose (per request; ``max_tokens[i]`` = budget b)
 --------------------------------------------------
 1. Match, per source: the longest suffix of the context (length ``L <= cap``) that is a trie node with a
-   continuation; no draft from the source if ``L < min_match_len``. ``cap`` leaves room for the draft
-   below the match in the depth-D trie: the largest ``L`` with ``L + min(b, floor(alpha * L + beta)) <= D``.
-   Request source: read off the online trie for free (its active starts are exactly the suffixes that
-   occurred earlier). History sources: a few root walks; each request remembers an upper bound of its
-   last match per trie, valid after appending dn tokens as ``U + dn`` unless a sequence inserted since holds
-   a longer match (checked with ``bytes.find`` in the trie's insertion log), so the steady state is one
-   walk. These shortcuts never change a draft (tested against a freshly restored drafter).
-2. Size: ``k = min(b, floor(alpha * L + beta))`` draft nodes (``depth > 0`` also caps a chain's length).
-3. Draft: ``width == 1``: a chain following the most frequent child (ties: lowest token id); ``width > 1``:
-   best-first tree, the frontier node of highest path probability next, each node offering its ``width``
-   most frequent children (siblings in verification order, most likely first), at most ``depth`` levels.
-   A node is drafted only while its path probability (product of child probabilities below the match) is
-   ``>= min_token_prob``. Score = sum of the drafted nodes' path probabilities (SuffixDecoding's score: the
-   expected number of accepted tokens under the counts).
-4. Merge: the highest-scoring draft of the three sources wins, ties to the earlier of (problem, request,
-   global); a source that cannot beat the best so far (``k <= score``) is skipped, so a perfect sibling
-   match costs one source. ``DraftTree.score`` is the winner's score (``hybrid`` compares it with a
-   threshold).
+   continuation; none if ``L < min_match_len``. Chains: ``cap = D - 1``; trees: the largest ``L`` with
+   ``L + min(b, floor(alpha * L + beta)) <= D`` (room for the tree below the match). Request source: read
+   off the online trie for free (its active starts are exactly the suffixes that occurred earlier). History
+   sources: a few root walks; each request remembers an upper bound of its last match per trie, valid after
+   appending dn tokens as ``U + dn`` unless a sequence inserted since holds a longer match (checked with
+   ``bytes.find`` in the trie's insertion log), so the steady state is one walk. These shortcuts never
+   change a draft (tested against a freshly restored drafter).
+2. Candidates: as SuffixDecoding, every match length ``L`` from the longest down to ``min_match_len`` is a
+   candidate, and the best-scoring draft over all of them (and all sources) wins: a shorter match sees more
+   occurrences and can predict better. Only lengths where the count of the matched string grows are scored
+   (a shorter match with the same count has the same occurrences, so its draft is the longer one's, with a
+   smaller size); the search stops at the first length whose size cannot beat the best score so far (sizes
+   grow with ``L``), so a perfect long match costs one draft.
+3. Size: ``k = min(b, floor(alpha * L + beta))`` draft nodes (``depth > 0`` also caps a chain's length).
+4. Draft: ``width == 1``: a chain following the most frequent child (ties: lowest token id); at the trie's
+   depth D it re-anchors on the longest suffix (<= D/2 tokens) of context + draft that the trie continues,
+   so any budget up to (and past) D is usable. ``width > 1``: best-first tree, the frontier node of highest
+   path probability next, each node offering its ``width`` most frequent children (siblings in verification
+   order, most likely first), at most ``depth`` levels. A node is drafted only while its path probability
+   (product of child probabilities below the match) is ``>= min_token_prob``. Score = sum of the drafted
+   nodes' path probabilities (SuffixDecoding's score: the expected number of accepted tokens under the
+   counts).
+5. Merge: the highest-scoring draft wins, ties to the longer match, then to the earlier source of (problem,
+   request, global); a source that cannot beat the best so far is skipped. ``DraftTree.score`` is the
+   winner's score (``hybrid`` compares it with a threshold).
 
-Defaults: ``alpha = 1.0, beta = 0.0, min_token_prob = 0.1`` as ArcticInference/vLLM; ``max_depth = 32``
-(24 there) so that an 8-token draft can follow a 24-token match; ``min_match_len = 2`` (a 1-token match
-drafts too much noise); ``window_steps = 4``; ``problem_capacity = 64`` responses; ``global_capacity =
-65536`` tokens.
+Defaults, tuned with ``python -m benchmarks.suffix_offline`` (SuffixDecoding's offline protocol on 400 real
+MATH rollouts; ``benchmarks/results/suffix_offline.md``): ``alpha = 1.0, min_token_prob = 0.1`` as
+ArcticInference/vLLM, ``beta = 1.0`` (a 1-token match drafts 2 tokens: cold-problem tau +4% with a 32k BPE,
+reaching 1.92 at K = 16, for ~30% more drafted tokens; alpha 2, beta 2 or both add 2-4.5% more tau for
+22-78% more drafted tokens, accepted/drafted falling from 0.25 to 0.22-0.15), ``min_match_len = 1``,
+``max_depth = 32`` (64 changes tau by < 1%); min_token_prob 0.05-0.2 changes tau by < 0.5%. ``window_steps = 4``,
+``problem_capacity = 64`` responses, ``global_capacity = 512`` responses (a GRPO rollout or two; the token
+count per response varies 10x), ``index_budget = 256`` suffixes (< 1 ms of indexing per ``propose``:
+``python -m benchmarks.suffix_sibling_stall``).
 
-Cost and memory (``python -m benchmarks.drafter_propose_cost``, results in
-``benchmarks/results/drafter_propose_cost.json``): about 20 us per request per ``propose`` with
-~300-token contexts on a loaded 2-core EPYC (1.3 ms for 64 requests); ``observe`` ~4 us per token;
-indexing a finished 200-token response ~1.5 ms (two insertions, plus FIFO removals; queued by
-``finish_request``, done at propose / ``flush``). Each indexed
-token costs ~1.5 trie nodes of ~150 B (Python objects, which the cyclic GC also scans).
+Cost and memory (``python -m benchmarks.drafter_propose_cost``): ~30 us of CPU per request per ``propose``
+with ~300-token contexts on a loaded 2-core EPYC (1.3x the longest-match-only drafter: the shorter
+candidates and re-anchoring); ``observe`` ~4 us per token; indexing ~1-2 us per suffix. Each indexed token
+costs ~1.5 trie nodes of ~150 B (Python objects, which the cyclic GC also scans; the rollout worker freezes
+them out of the GC during a rollout).
 
 ``state_dict()`` is plain data (every stored response with its step and membership, oldest first, and the
-running requests' tokens); ``load_state_dict`` rebuilds the tries, so drafts after a restart equal drafts
-before it.
+running requests' tokens; it indexes the queues first); ``load_state_dict`` rebuilds the tries, so drafts
+after a restart equal drafts before it.
 
 Tests: ``python -m pytest tests/rollout_actor/test_suffix_tree.py -q``.
 """
@@ -81,450 +97,25 @@ Tests: ``python -m pytest tests/rollout_actor/test_suffix_tree.py -q``.
 from __future__ import annotations
 
 import bisect
-import heapq
-import itertools
 import math
-from array import array
 from collections import deque
 
 from services.rollout_actor.speculative.base import Drafter, DraftRequest, DraftTree
+from services.rollout_actor.speculative.suffix_trie import (
+    SuffixTrie,
+    _chain,
+    _longest,
+    _Node,
+    _OnlineTrie,
+    _shorter,
+    _tree,
+)
 
 __all__ = ["SuffixTreeDrafter", "SuffixTrie"]
 
 _STATE_FORMAT = 1
 _UNKNOWN = 1 << 30  # "no upper bound known" for a match length
-_VERSIONS = itertools.count(1)  # trie versions are unique across tries (match hints compare them)
-_LOG = 64  # insertions a trie remembers for match hints
-_ITEM = array("i").itemsize
 _MAX_REQUESTS = 1 << 16  # running-request states kept (oldest dropped beyond; the engine finishes requests)
-
-
-class _Node:
-    """Trie node: reached by its key token (the parent's dict key), then a run of tokens of the same count,
-    ``seq[pos:min(len(seq), lim)]`` (empty for most inner nodes; a "leaf" run may grow with a running
-    request's sequence), then its children. ``n``: occurrences of every string ending in this node;
-    ``tot``: the sum of the children's counts (the occurrences that continue past the run). ``bc``/``bk``: the
-    cached most frequent child and its token (None: unknown)."""
-
-    __slots__ = ("n", "tot", "ch", "seq", "pos", "lim", "bk", "bc")
-
-    def __init__(self, n: int, seq: list[int] | None, pos: int, lim: int):
-        self.n = n
-        self.tot = 0
-        self.ch: dict[int, _Node] | None = None
-        self.seq = seq
-        self.pos = pos
-        self.lim = lim
-        # the most frequent child (ties: lowest token) and its token; bc None = unknown (recomputed lazily)
-        self.bk = 0
-        self.bc: _Node | None = None
-
-
-def _new_root() -> _Node:
-    root = _Node(0, None, 0, 0)
-    root.ch = {}
-    return root
-
-
-def _split(node: _Node, x: int) -> None:
-    """Cut ``node``'s run after ``x`` tokens; the rest (same count) becomes its only child."""
-    p, seq = node.pos, node.seq
-    c = _Node(node.n, seq, p + x + 1, node.lim)
-    c.tot = node.tot
-    c.ch = node.ch
-    c.bk, c.bc = node.bk, node.bc
-    node.lim = p + x
-    node.bk = seq[p + x]
-    node.ch = {node.bk: c}
-    node.bc = c
-    node.tot = node.n
-
-
-def _best(node: _Node) -> _Node:
-    """The most frequent child of ``node`` (which has children); ties: lowest token. Cached in the node."""
-    tok, c, bn = 0, None, 0
-    for t, x in node.ch.items():
-        if x.n > bn or (x.n == bn and t < tok):
-            tok, c, bn = t, x, x.n
-    node.bk, node.bc = tok, c
-    return c
-
-
-def _common(a: list[int], i: int, b: list[int], j: int, m: int) -> int:
-    """Length of the common prefix of ``a[i:i+m]`` and ``b[j:j+m]``."""
-    x = 0
-    while x < m and a[i + x] == b[j + x]:
-        x += 1
-    return x
-
-
-def _child_key(item: tuple[int, _Node]) -> tuple[int, int]:
-    return item[1].n, -item[0]
-
-
-def _probe(root: _Node, ctx: list[int], a: int, b: int) -> tuple[_Node, int] | None:
-    """Position after reading ``ctx[a:b]`` (``b > a``) if that string is in the trie AND has a continuation.
-
-    The position is ``(node, q)``: ``q`` indexes ``node.seq``; the next token is ``node.seq[q]`` while ``q`` is
-    inside the node's run, else one of the node's children."""
-    node = root
-    j = a
-    while j < b:
-        ch = node.ch
-        if not ch:
-            return None
-        node = ch.get(ctx[j])
-        if node is None:
-            return None
-        j += 1
-        p = node.pos
-        e = node.lim
-        if p < e:
-            seq = node.seq
-            if len(seq) < e:
-                e = len(seq)
-                if p >= e:
-                    continue
-            r = b - j
-            if r < e - p:
-                q = p + r
-                if seq[p:q] != ctx[j:b]:
-                    return None
-                return node, q
-            if seq[p:e] != ctx[j : j + e - p]:
-                return None
-            j += e - p
-    if node.tot > 0:
-        e = node.lim
-        return node, (e if e < len(node.seq) else len(node.seq))
-    return None
-
-
-def _longest(
-    root: _Node, ctx: list[int], n: int, lo: int, hi: int, low_first: bool = False
-) -> tuple[int, tuple[_Node, int] | None]:
-    """Largest ``L`` in ``[lo, hi]`` whose suffix ``ctx[n-L:n]`` probes true (monotone in ``L``), with its
-    position. Probes ``hi`` first (the steady state: the match continues; ``low_first``: ``lo`` first, when
-    a miss is likely), then searches upward from ``lo`` (exponential, then binary): after a miss the new
-    match is usually short."""
-    if hi < lo:
-        return 0, None
-    if low_first:
-        gp = _probe(root, ctx, n - lo, n)
-        if gp is None or hi == lo:
-            return (lo, gp) if gp is not None else (0, None)
-        p = _probe(root, ctx, n - hi, n)
-        if p is not None:
-            return hi, p
-    else:
-        p = _probe(root, ctx, n - hi, n)
-        if p is not None:
-            return hi, p
-        if hi == lo:
-            return 0, None
-        gp = _probe(root, ctx, n - lo, n)
-        if gp is None:
-            return 0, None
-    good, bad = lo, hi
-    step = 1
-    while good + step < bad:
-        t = good + step
-        p = _probe(root, ctx, n - t, n)
-        if p is None:
-            bad = t
-            break
-        good, gp = t, p
-        step <<= 1
-    while bad - good > 1:
-        mid = (good + bad) >> 1
-        p = _probe(root, ctx, n - mid, n)
-        if p is None:
-            bad = mid
-        else:
-            good, gp = mid, p
-    return good, gp
-
-
-def _chain(node: _Node, q: int, k: int, min_p: float) -> tuple[list[int], float]:
-    """Greedy chain of at most ``k`` tokens from position ``(node, q)``; returns (tokens, score)."""
-    toks: list[int] = []
-    score = 0.0
-    p = 1.0
-    while True:
-        seq = node.seq
-        e = node.lim
-        if len(seq) < e:
-            e = len(seq)
-        if q < e:
-            take = k - len(toks)
-            if e - q < take:
-                take = e - q
-            toks += seq[q : q + take]
-            score += p * take
-            if len(toks) >= k:
-                break
-        ch = node.ch
-        if not ch:
-            break
-        c = node.bc
-        if c is None:
-            c = _best(node)
-        tok = node.bk
-        p *= c.n / node.tot
-        if p < min_p:
-            break
-        toks.append(tok)
-        score += p
-        if len(toks) >= k:
-            break
-        node = c
-        q = c.pos
-    return toks, score
-
-
-def _children(node: _Node, q: int, p: float, width: int, min_p: float) -> list[tuple[float, int, _Node, int]]:
-    """Up to ``width`` children of position ``(node, q)``: (path prob, token, node, q), most likely first."""
-    seq = node.seq
-    e = node.lim
-    if len(seq) < e:
-        e = len(seq)
-    if q < e:
-        return [(p, seq[q], node, q + 1)]
-    ch = node.ch
-    if not ch:
-        return []
-    items = ch.items() if len(ch) == 1 else sorted(ch.items(), key=_child_key, reverse=True)[:width]
-    tot = node.tot
-    out = []
-    for tok, c in items:
-        pc = p * c.n / tot
-        if pc >= min_p:
-            out.append((pc, tok, c, c.pos))
-    return out
-
-
-def _tree(node: _Node, q: int, k: int, width: int, levels: int, min_p: float) -> DraftTree:
-    """Best-first draft tree of at most ``k`` nodes, ``width`` children per node, ``levels`` levels."""
-    tokens: list[int] = []
-    parents: list[int] = []
-    score = 0.0
-    heap: list[tuple[float, int, int, int, _Node, int, int]] = []
-    order = 0
-    for pc, tok, c, cq in _children(node, q, 1.0, width, min_p):
-        heap.append((-pc, order, tok, -1, c, cq, 1))
-        order += 1
-    heapq.heapify(heap)
-    while heap and len(tokens) < k:
-        negp, _, tok, par, c, cq, d = heapq.heappop(heap)
-        i = len(tokens)
-        tokens.append(tok)
-        parents.append(par)
-        score -= negp
-        if d < levels:
-            for pc, t2, c2, q2 in _children(c, cq, -negp, width, min_p):
-                heapq.heappush(heap, (-pc, order, t2, i, c2, q2, d + 1))
-                order += 1
-    return DraftTree(tokens, parents, None, False, score)
-
-
-class SuffixTrie:
-    """Counted suffix trie over a multiset of finished sequences (each suffix truncated to ``depth``), with
-    single-count-runs compressed (a path shared by the same occurrences is one node).
-
-    ``insert(seq)`` / ``remove(seq)`` cost O(len(seq) * nodes per path); ``remove`` must get a sequence equal
-    to one inserted. ``version`` changes (to a value unique across tries) on every mutation.
-    """
-
-    __slots__ = ("root", "depth", "version", "created", "num_tokens", "num_seqs", "log", "log_floor")
-
-    def __init__(self, depth: int):
-        self.root = _new_root()
-        self.depth = depth
-        self.version = self.created = next(_VERSIONS)
-        self.num_tokens = 0
-        self.num_seqs = 0
-        # recent insertions (version after it, the sequence packed 4 bytes per token), for match hints; the
-        # version of the newest insertion that fell out of the log
-        self.log: deque[tuple[int, bytes]] = deque()
-        self.log_floor = 0
-
-    def grown_since(self, version: int, ctx: list[int], n: int, g: int) -> bool:
-        """False if no sequence inserted after ``version`` can contain ``ctx[n-g-1:n]`` followed by a token
-        (so a bound ``g`` on the longest match, valid at ``version``, still holds: removals only shorten
-        matches). True when it may, or when the log does not reach back to ``version``."""
-        if version < self.created or self.log_floor > version:
-            return True
-        if g >= n:
-            return False
-        pat = None
-        for v, packed in reversed(self.log):
-            if v <= version:
-                break
-            if pat is None:
-                try:
-                    pat = array("i", ctx[n - g - 1 : n]).tobytes()
-                except OverflowError:
-                    return True
-            if packed.find(pat, 0, len(packed) - _ITEM) >= 0:
-                return True
-        return False
-
-    def insert(self, s: list[int]) -> None:
-        """Add every suffix of ``s`` (the trie keeps a reference to ``s``: do not mutate it later)."""
-        root, depth = self.root, self.depth
-        m = len(s)
-        for i in range(m):
-            e = min(m, i + depth)
-            node = root
-            j = i
-            while j < e:
-                tok = s[j]
-                ch = node.ch
-                if ch is None:
-                    ch = node.ch = {}
-                child = ch.get(tok)
-                node.tot += 1
-                j += 1
-                if child is None:
-                    ch[tok] = child = _Node(1, s, j, i + depth)
-                    if node.tot == 1:  # the only child
-                        node.bk, node.bc = tok, child
-                    elif node.bc is not None and node.bc.n == 1 and tok < node.bk:
-                        node.bk, node.bc = tok, child
-                    break
-                cs, p = child.seq, child.pos
-                ce = child.lim
-                if len(cs) < ce:
-                    ce = len(cs)
-                if p < ce:
-                    x = ce - p
-                    if e - j < x:
-                        x = e - j
-                    if cs[p : p + x] != s[j : j + x]:
-                        x = _common(cs, p, s, j, x)
-                    if x < ce - p:
-                        _split(child, x)
-                    j += x
-                child.n += 1
-                b = node.bc
-                if b is not None and b is not child and (child.n > b.n or (child.n == b.n and tok < node.bk)):
-                    node.bk, node.bc = tok, child
-                node = child
-        self.version = next(_VERSIONS)
-        self.num_tokens += m
-        self.num_seqs += 1
-        log = self.log
-        try:
-            log.append((self.version, array("i", s).tobytes()))
-        except OverflowError:  # ids beyond int32: no log entry, so hints older than this are not trusted
-            self.log_floor = self.version
-        if len(log) > _LOG:
-            self.log_floor = max(self.log_floor, log.popleft()[0])
-
-    def remove(self, s: list[int]) -> None:
-        """Remove one occurrence of every suffix of ``s`` (exact inverse of ``insert``)."""
-        root, depth = self.root, self.depth
-        m = len(s)
-        for i in range(m):
-            e = min(m, i + depth)
-            node = root
-            j = i
-            while j < e:
-                tok = s[j]
-                child = node.ch[tok]
-                node.tot -= 1
-                child.n -= 1
-                if node.bc is child:
-                    node.bc = None
-                if child.n == 0:
-                    del node.ch[tok]
-                    break
-                ce = child.lim
-                if len(child.seq) < ce:
-                    ce = len(child.seq)
-                j += 1 + ce - child.pos
-                node = child
-        self.version = next(_VERSIONS)
-        self.num_tokens -= m
-        self.num_seqs -= 1
-
-    def count(self, tokens: list[int]) -> int:
-        """Occurrences of ``tokens`` (``len <= depth``) in the indexed sequences."""
-        node, j, b = self.root, 0, len(tokens)
-        if not b:
-            return node.tot
-        while j < b:
-            node = (node.ch or {}).get(tokens[j])
-            if node is None:
-                return 0
-            j += 1
-            e = min(node.lim, len(node.seq))
-            r = min(e - node.pos, b - j)
-            if node.seq[node.pos : node.pos + r] != tokens[j : j + r]:
-                return 0
-            j += r
-        return node.n
-
-    def num_nodes(self) -> int:
-        """Nodes, root included (memory accounting; O(nodes))."""
-        total, stack = 0, [self.root]
-        while stack:
-            node = stack.pop()
-            total += 1
-            if node.ch:
-                stack.extend(node.ch.values())
-        return total
-
-
-class _OnlineTrie(SuffixTrie):
-    """Suffix trie over ONE growing sequence (``seq``), extended token by token."""
-
-    __slots__ = ("seq", "active")
-
-    def __init__(self, depth: int):
-        super().__init__(depth)
-        self.seq: list[int] = []
-        # start -> node whose run ends exactly at the end of seq[start:], for every start whose path is not
-        # the growing run of a leaf it owns (a leaf created for start k has lim = k + depth)
-        self.active: dict[int, _Node] = {}
-
-    def extend(self, tokens: list[int]) -> None:
-        s, depth, active, root = self.seq, self.depth, self.active, self.root
-        for tok in tokens:
-            n = len(s)
-            s.append(tok)
-            active[n] = root
-            for i, node in list(active.items()):
-                ch = node.ch
-                if ch is None:
-                    ch = node.ch = {}
-                child = ch.get(tok)
-                node.tot += 1
-                if child is None:
-                    ch[tok] = child = _Node(1, s, n + 1, i + depth)
-                    if node.tot == 1:
-                        node.bk, node.bc = tok, child
-                    elif node.bc is not None and node.bc.n == 1 and tok < node.bk:
-                        node.bk, node.bc = tok, child
-                    del active[i]
-                    continue
-                # this occurrence ends right after child's key: cut child's run there (an earlier start's
-                # leaf run stays with the remainder and keeps growing)
-                p, ce = child.pos, child.lim
-                if n + 1 < ce:
-                    ce = n + 1
-                if p < ce:
-                    _split(child, 0)
-                child.n += 1
-                b = node.bc
-                if b is not None and b is not child and (child.n > b.n or (child.n == b.n and tok < node.bk)):
-                    node.bk, node.bc = tok, child
-                if n + 1 - i < depth:
-                    active[i] = child
-                else:
-                    del active[i]
-        self.num_tokens = len(s)
-        self.version = next(_VERSIONS)
 
 
 class _Request:
@@ -553,14 +144,18 @@ class SuffixTreeDrafter(Drafter):
     """Suffix-tree drafter over request / problem / global history (see the module docstring).
 
     Args:
-        max_depth: D, the trie depth (tokens); matches are < D and match + draft <= D.
+        max_depth: D, the trie depth (tokens); matches are < D (a chain re-anchors past D).
         window_steps: W, a problem keeps the responses of its last W RL steps (>= 1).
-        global_capacity: tokens kept in the global trie (FIFO over whole responses; 0 disables it).
+        global_capacity: responses kept in the global trie (FIFO; 0 disables it).
         alpha, beta: draft size ``min(budget, floor(alpha * match_len + beta))``.
-        min_match_len: shortest usable match (tokens).
+        min_match_len: shortest usable match (tokens, >= 1).
         min_token_prob: a node is drafted only while its path probability is >= this.
         problem_capacity: most responses kept per problem (FIFO; 0 disables the problem source).
         use_request: draft from the request's own prompt + output.
+        index_budget: most suffixes of queued sibling responses one ``propose`` call indexes (>= 1).
+
+    Raises:
+        ValueError: on an out-of-range argument.
     """
 
     name = "suffix"
@@ -569,13 +164,14 @@ class SuffixTreeDrafter(Drafter):
         self,
         max_depth: int = 32,
         window_steps: int = 4,
-        global_capacity: int = 65536,
+        global_capacity: int = 512,
         alpha: float = 1.0,
-        beta: float = 0.0,
-        min_match_len: int = 2,
+        beta: float = 1.0,
+        min_match_len: int = 1,
         min_token_prob: float = 0.1,
         problem_capacity: int = 64,
         use_request: bool = True,
+        index_budget: int = 256,
     ):
         if max_depth < 2:
             raise ValueError("max_depth must be >= 2")
@@ -585,6 +181,8 @@ class SuffixTreeDrafter(Drafter):
             raise ValueError("min_match_len must be in [1, max_depth)")
         if alpha < 0:
             raise ValueError("alpha must be >= 0")
+        if index_budget < 1:
+            raise ValueError("index_budget must be >= 1")
         self.max_depth = int(max_depth)
         self.window_steps = int(window_steps)
         self.global_capacity = int(global_capacity)
@@ -594,18 +192,21 @@ class SuffixTreeDrafter(Drafter):
         self.min_token_prob = float(min_token_prob)
         self.problem_capacity = int(problem_capacity)
         self.use_request = bool(use_request)
+        self.index_budget = int(index_budget)
+        self.last_index_work = 0  # suffixes of queued siblings the last ``propose`` indexed
         self._step = 0
         self._next_id = 0
         self._requests: dict[str, _Request] = {}
         self._problems: dict[str, _Problem] = {}
         self._global = SuffixTrie(self.max_depth)
         self._global_records: deque[tuple[int, str, int, list[int]]] = deque()  # (id, problem, step, seq)
-        # finished responses not indexed yet (``finish_request`` only queues them): per problem, indexed when a
-        # request of that problem proposes; all of them (problem and global tries) by ``flush``
-        self._pending_problem: dict[str, list[tuple[int, int, list[int]]]] = {}  # problem -> (id, step, seq)
+        # finished responses not indexed yet (``finish_request`` only queues them): per problem, indexed a
+        # bounded number of suffixes per ``propose`` of its requests, [id, step, seq, suffixes indexed]; all of
+        # them (problem and global tries) by ``flush``
+        self._pending_problem: dict[str, deque[list]] = {}
         self._pending_global: list[tuple[int, str, int, list[int]]] = []  # (id, problem, step, seq)
-        # floor(alpha * L + beta) for L in 0..D (0 below min_match_len; nondecreasing), and the match cap per
-        # budget 0..D (a budget > D behaves as D)
+        # floor(alpha * L + beta) for L in 0..D (0 below min_match_len; nondecreasing), and the tree match cap
+        # per budget 0..D (a budget > D behaves as D)
         self._sizes = [self.draft_size(L, 1 << 30) for L in range(self.max_depth + 1)]
         self._caps = [self._cap_for(b) for b in range(self.max_depth + 1)]
 
@@ -617,7 +218,7 @@ class SuffixTreeDrafter(Drafter):
         return max(0, min(budget, math.floor(self.alpha * match_len + self.beta + 1e-9)))
 
     def _cap_for(self, budget: int) -> int:
-        """Longest useful match for a budget: maximizes the room-limited draft size, then the match."""
+        """Longest useful match for a tree of a budget: maximizes the room-limited size, then the match."""
         d = self.max_depth
         best_l, best_k = self.min_match_len, -1
         for L in range(self.min_match_len, d):
@@ -650,30 +251,73 @@ class SuffixTreeDrafter(Drafter):
             r.trie.seq.extend(accepted_ids)
 
     def finish_request(self, request_id: str, problem_id: str, output_ids: list[int]) -> None:
+        """Queues the response (prompt tail + ``output_ids``) for the problem and global sources; an empty
+        ``output_ids`` only drops the request."""
         r = self._requests.pop(request_id, None)
         tail: list[int] = []
         if r is not None:
             p = r.num_prompt
             tail = (r.trie.seq or r.context)[max(0, p - (self.max_depth - 1)) : p]
-        seq = tail + [int(t) for t in output_ids]
         if output_ids:
-            rid = self._next_id
-            self._next_id += 1
-            if self.problem_capacity > 0:
-                self._pending_problem.setdefault(problem_id, []).append((rid, self._step, seq))
-            if self.global_capacity > 0:
-                self._pending_global.append((rid, problem_id, self._step, seq))
+            self._queue(problem_id, tail + [int(t) for t in output_ids], True, True)
 
-    def _flush_problem(self, problem_id: str) -> None:
-        for rid, step, seq in self._pending_problem.pop(problem_id, ()):
-            self._add_response(problem_id, step, seq, rid, to_global=False)
+    def add_history(
+        self,
+        problem_id: str,
+        prompt_ids: list[int],
+        output_ids: list[int],
+        to_problem: bool = True,
+        to_global: bool = True,
+    ) -> None:
+        """Queue a finished response with no running request (as ``finish_request`` would store it), for the
+        problem source (``to_problem``), the global source (``to_global``) or both. Indexed like
+        ``finish_request``'s: the problem's at its requests' ``propose`` (bounded) or ``flush``, the global at
+        ``flush``. An empty ``output_ids`` is ignored."""
+        if output_ids:
+            tail = [int(t) for t in prompt_ids[max(0, len(prompt_ids) - (self.max_depth - 1)) :]]
+            self._queue(problem_id, tail + [int(t) for t in output_ids], to_problem, to_global)
+
+    def _queue(self, problem_id: str, seq: list[int], to_problem: bool, to_global: bool) -> None:
+        rid = self._next_id
+        self._next_id += 1
+        if to_problem and self.problem_capacity > 0:
+            self._pending_problem.setdefault(problem_id, deque()).append([rid, self._step, seq, 0])
+        if to_global and self.global_capacity > 0:
+            self._pending_global.append((rid, problem_id, self._step, seq))
+
+    def _index_pending(self, problem_id: str, limit: int | None) -> int:
+        """Index up to ``limit`` suffixes (None: all) of the problem's queued responses, oldest first; a
+        response becomes a record (and the capacity is enforced) once whole. Returns the suffixes indexed."""
+        q = self._pending_problem.get(problem_id)
+        if not q:
+            self._pending_problem.pop(problem_id, None)
+            return 0
+        prob = self._problems.get(problem_id)
+        if prob is None:
+            prob = self._problems[problem_id] = _Problem(self.max_depth)
+        work = 0
+        while q and (limit is None or work < limit):
+            ent = q[0]
+            seq, done = ent[2], ent[3]
+            stop = len(seq) if limit is None else min(len(seq), done + limit - work)
+            prob.trie.insert(seq, done, stop)
+            work += stop - done
+            ent[3] = stop
+            if stop == len(seq):
+                q.popleft()
+                prob.records.append((ent[0], ent[1], seq))
+                while len(prob.records) > self.problem_capacity:
+                    prob.trie.remove(prob.records.popleft()[2])
+        if not q:
+            del self._pending_problem[problem_id]
+        return work
 
     def flush(self) -> None:
         """Index every queued finished response into the problem and global tries (the engine's decode thread
         only queues them in ``finish_request``; the rollout worker calls this after a rollout, off the critical
         path). ``new_step``, ``state_dict`` and ``stats`` flush first."""
         for pid in list(self._pending_problem):
-            self._flush_problem(pid)
+            self._index_pending(pid, None)
         pending, self._pending_global = self._pending_global, []
         for rid, pid, step, seq in pending:
             self._add_response(pid, step, seq, rid, to_problem=False)
@@ -699,6 +343,7 @@ class SuffixTreeDrafter(Drafter):
         to_problem: bool = True,
         to_global: bool = True,
     ) -> None:
+        """Index a whole response at once (``flush``, ``load_state_dict``), enforcing the capacities."""
         if rid is None:
             rid = self._next_id
         self._next_id = max(self._next_id, rid + 1)
@@ -713,7 +358,7 @@ class SuffixTreeDrafter(Drafter):
         if to_global and self.global_capacity > 0:
             self._global.insert(seq)
             self._global_records.append((rid, problem_id, step, seq))
-            while self._global.num_tokens > self.global_capacity and self._global_records:
+            while len(self._global_records) > self.global_capacity:
                 self._global.remove(self._global_records.popleft()[3])
 
     # ------------------------------------------------------------------ propose
@@ -739,16 +384,22 @@ class SuffixTreeDrafter(Drafter):
         """One deterministic draft per request (``probs = None``), ``len <= max_tokens[i]``.
 
         ``width`` >= 1 children per node (1 = chain), ``depth`` levels (0 = unlimited); ``score`` is the
-        sum of the drafted nodes' path probabilities.
+        sum of the drafted nodes' path probabilities (expected accepted tokens under the counts). First indexes
+        at most ``index_budget`` suffixes of the requests' problems' queued sibling responses.
         """
         out: list[DraftTree] = []
         width = max(1, int(width))
         d_max = self.max_depth
         lo = self.min_match_len
         min_p = self.min_token_prob
-        glob = self._global if self._global.num_seqs else None
         use_request = self.use_request
         sizes = self._sizes
+        index_left = self.index_budget
+        for req, budget in zip(requests, max_tokens):  # siblings finished since: a bounded share of them
+            if budget > 0 and index_left > 0 and req.problem_id in self._pending_problem:
+                index_left -= self._index_pending(req.problem_id, index_left)
+        self.last_index_work = self.index_budget - index_left
+        glob = self._global if self._global.num_seqs else None
         for req, budget in zip(requests, max_tokens):
             if budget <= 0:
                 out.append(DraftTree())
@@ -762,52 +413,62 @@ class SuffixTreeDrafter(Drafter):
                 r = self._sync(req)
             levels = depth if depth > 0 else budget
             size_budget = min(budget, levels) if width == 1 else budget
-            cap = self._caps[min(d_max, size_budget, levels)]
+            # chains re-anchor at the trie's depth: any match fits; a tree needs room below its match
+            cap = d_max - 1 if width == 1 else self._caps[min(d_max, size_budget, levels)]
             if cap > n:
                 cap = n
             kmax = min(size_budget, sizes[cap])
             best: list[int] | DraftTree | None = None
             best_score = 0.0
-            if kmax >= 1:
-                if req.problem_id in self._pending_problem:  # siblings finished since: index them now
-                    self._flush_problem(req.problem_id)
-                prob = self._problems.get(req.problem_id)
-                for si, trie in enumerate(
-                    (prob.trie if prob is not None else None, r.trie if use_request else None, glob)
-                ):
-                    if trie is None or best_score >= kmax:
+            if kmax < 1:
+                out.append(DraftTree())
+                continue
+            prob = self._problems.get(req.problem_id)
+            for si, trie in enumerate(
+                (prob.trie if prob is not None else None, r.trie if use_request else None, glob)
+            ):
+                if trie is None or best_score >= kmax:
+                    continue
+                # only a match with draft_size(L) > best_score can win
+                need = lo if best is None else self._min_match_beating(best_score)
+                act = None
+                if si == 1:
+                    # the request's own trie: its active starts are exactly the suffixes that occurred earlier
+                    # (shorter than D), oldest first, so the longest match needs no search
+                    act = trie.active
+                    if not act:
                         continue
-                    # only a match with draft_size(L) > best_score can win
-                    need = lo if best is None else self._min_match_beating(best_score)
-                    if si == 1:
-                        # the request's own trie: its active starts are exactly the suffixes that occurred
-                        # earlier (shorter than D), oldest first, so the longest match needs no search
-                        act = trie.active
-                        if not act:
-                            continue
-                        L = n - next(iter(act))
-                        if L > cap:
-                            L = cap
-                        if L < need:
-                            continue
-                        node = act.get(n - L)
-                        if node is None or node.tot <= 0:
-                            continue
-                        pos = (node, node.lim if node.lim < len(node.seq) else len(node.seq))
-                    else:
-                        L, pos = self._match(trie, r.hints[si], ctx, n, need, cap)
-                        if pos is None:
-                            continue
+                    L = min(n - next(iter(act)), cap)
+                    node = act.get(n - L) if L >= need else None
+                    if node is None or node.tot <= 0:
+                        continue
+                    pos = (node, node.lim if node.lim < len(node.seq) else len(node.seq))
+                else:
+                    L, pos = self._match(trie, r.hints[si], ctx, n, need, cap)
+                    if pos is None:
+                        continue
+                # candidates: the longest match, then each shorter length where the matched count grows
+                while True:
                     k = min(size_budget, sizes[L])
+                    if k <= best_score:
+                        break
                     node, q = pos
                     if width == 1:
-                        toks, score = _chain(node, q, k, min_p)
+                        toks, score = _chain(trie.root, node, q, k, min_p, L, d_max, ctx, lo)
                         if score > best_score:
                             best, best_score = toks, score
                     else:
                         tree = _tree(node, q, k, width, levels, min_p)
                         if tree.score > best_score:
                             best, best_score = tree, tree.score
+                    if best_score >= kmax:  # no draft can score more
+                        break
+                    need = self._min_match_beating(best_score) if best is not None else lo
+                    if L - 1 < need:
+                        break
+                    L, pos = _shorter(trie.root, act, ctx, n, need, L, node.n)
+                    if pos is None:
+                        break
             if best is None:
                 out.append(DraftTree())
             elif width == 1:
@@ -877,6 +538,7 @@ class SuffixTreeDrafter(Drafter):
                 "min_token_prob": self.min_token_prob,
                 "problem_capacity": self.problem_capacity,
                 "use_request": self.use_request,
+                "index_budget": self.index_budget,
             },
             "step": self._step,
             "next_id": self._next_id,

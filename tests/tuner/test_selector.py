@@ -1,0 +1,148 @@
+"""The rollout actor's ``StrategySelector`` with the central ``BucketedBandit``, on the simulated engine
+(``tests/tuner/sim.py``): convergence per batch size, the regret budget, bans with back-off, merging two actors,
+leases, DAS budgets, and what a CUDA-graph capture step reports. Public API only."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.rollout_actor.speculative.base import DraftRequest
+from services.rollout_actor.speculative.strategy import StepObservation
+from services.tuner.arms import TunerConfigError, parse_arms
+from services.tuner.bandit import BanditConfig, BucketedBandit
+from services.tuner.budgets import BudgetConfig
+from services.tuner.selector import StrategySelector
+from tests.tuner.sim import ArmProfile, CostModel, SimEngine
+
+X, Y = "suffix-k4-w1", "learned-k3-w1"
+# X: ~2x off's throughput at batch 1, ~2x slower at batch 64; Y: slower than off everywhere
+MODEL = CostModel(
+    profiles={
+        X: ArmProfile(alpha=0.6, draft_ms_per_request=0.5),
+        Y: ArmProfile(alpha=0.1, draft_ms_per_level=3.0),
+    }
+)
+ARMS = parse_arms(["off", X, Y])
+BY_NAME = {a.name: a for a in ARMS}
+
+
+def rollouts(bandit, engines, n, steps=200, sizes=(1, 64)):
+    """``n`` rollouts: each engine plays ``steps`` steps at each batch size of ``sizes``, then the central bandit
+    merges every actor's observations and the actors install its table. Returns the table before each."""
+    tables = []
+    for _ in range(n):
+        tables.append(engines[0].selector_table)
+        for eng in engines:
+            for b in sizes:
+                eng.run([b] * steps)
+        bandit.merge([ob for eng in engines for ob in eng.selector.drain_observations()])
+        table = bandit.table()
+        for eng in engines:
+            eng.selector.update_table(table)
+            eng.selector_table = table
+    return tables
+
+
+def new_engine(bandit, seed=0, **kw):
+    table = bandit.table()
+    eng = SimEngine(StrategySelector(table, seed=seed, clock="engine", **kw), MODEL, seed=seed)
+    eng.selector_table = table
+    return eng
+
+
+def best(table, bandit, b):
+    return table["buckets"][bandit.bucket_of(b)]["best"]
+
+
+def exploration_regret(eng, tables, bandit, b, steps=200):
+    """Seconds the steps at batch size ``b`` that did not play their table's best took beyond the best's
+    expected time for the same tokens, and all of those steps' seconds."""
+    at = [s for s in eng.log if s.batch_size == b]
+    extra = 0.0
+    for k, s in enumerate(at):
+        arm = BY_NAME[best(tables[k // steps], bandit, b)]
+        if s.arm != arm.name:
+            extra += s.seconds - s.tokens * MODEL.seconds_per_token(arm, b)
+    return extra, sum(s.seconds for s in at)
+
+
+def test_converges_to_the_faster_arm_at_small_batch_and_to_off_at_large_within_the_regret_budget():
+    bandit = BucketedBandit(ARMS, BanditConfig(regret_budget=0.01))
+    eng = new_engine(bandit)
+    tables = rollouts(bandit, [eng], 30)
+    after = [(best(t, bandit, 1), best(t, bandit, 64)) for t in tables[6:]]
+    assert all(a == (X, "off") for a in after), after  # settled within 6 rollouts (2,400 steps), and stays
+    extra, seconds = exploration_regret(eng, tables, bandit, 64)
+    one_play = MODEL.mean_step_ms(BY_NAME[X], 64) / 1e3
+    assert extra <= 0.01 * seconds + one_play, (extra, seconds)
+    assert extra > 0  # X and Y were probed at batch 64
+    # the settled off bucket is played under leases: the selector is asked about a small fraction of its steps
+    late = [s for s in eng.log if s.batch_size == 64][-2000:]
+    assert sum(s.asked for s in late) < 0.05 * len(late)
+    assert all(s.asked for s in eng.log if s.batch_size == 1 and s.arm != "off")
+
+
+def test_a_slower_arm_is_banned_and_reprobed_with_exponential_back_off():
+    bandit = BucketedBandit(ARMS, BanditConfig(regret_budget=0.05, ban_steps=400))
+    eng = new_engine(bandit)
+    tables = rollouts(bandit, [eng], 60, steps=100, sizes=(1,))
+    banned = [Y in t["buckets"][0]["guarded"] for t in tables]
+    spans, run = [], 0  # lengths (in rollouts) of the ban periods that ended
+    for k, g in enumerate(banned):
+        if g:
+            run += 1
+        elif run:
+            spans.append(run)
+            assert Y in tables[k]["buckets"][0]["probe"]  # re-probed after the ban
+            run = 0
+    assert len(spans) >= 2, banned
+    assert all(b >= 1.5 * a for a, b in zip(spans, spans[1:])), spans
+    assert sum(s.arm == Y for s in eng.log) < 0.02 * len(eng.log)
+
+
+def test_the_central_table_merges_two_actors_observations():
+    bandit = BucketedBandit(ARMS, BanditConfig())
+    small, large = new_engine(bandit, seed=0), new_engine(bandit, seed=1)
+    for _ in range(8):
+        small.run([1] * 200)
+        large.run([64] * 200)
+        choices = [e.selector.drain_choices() for e in (small, large)]
+        obs = small.selector.drain_observations() + large.selector.drain_observations()
+        bandit.merge(obs)
+        table = bandit.table()
+        small.selector.update_table(table)
+        large.selector.update_table(table)
+        assert sum(sum(c.values()) for c in choices) == 400  # every step played, leased ones included
+    st = bandit.stats()
+    assert st["buckets"][0]["observations"] == 1600  # each record counts the steps it stands for
+    assert st["buckets"][bandit.bucket_of(64)]["observations"] == 1600
+    assert best(table, bandit, 1) == X and best(table, bandit, 64) == "off"
+
+
+def _requests(n, problem=lambda j: f"p{j}"):
+    return [DraftRequest(f"r{j}", problem(j), [1, 2, 3], 2) for j in range(n)]
+
+
+def test_draft_lengths_follow_the_length_aware_budgets():
+    bandit = BucketedBandit(parse_arms(["off", "suffix-k32-w1"]), BanditConfig(min_samples=2))
+    for _ in range(4):
+        bandit.observe(3, "off", 3, 0.01)
+        bandit.observe(3, "suffix-k32-w1", 24, 0.01)
+    budgets = BudgetConfig(long=32, medium=8, short=4, step_quota=40, long_threshold=200, short_threshold=50)
+    sel = StrategySelector(bandit.table(), budgets, clock="engine")
+    sel.record_lengths([("long", 300), ("short", 10), ("m0", 100)])
+    out = sel.choose(_requests(3, lambda j: ["long", "m0", "short"][j]))
+    assert [s.max_draft_tokens for s in out] == [32, 8, 0]  # classes, then the quota (40), longest first
+    assert {s.drafter for s in out} == {"suffix"}
+
+
+def test_a_capture_step_is_counted_not_timed_and_a_bad_clock_is_an_error():
+    bandit = BucketedBandit(ARMS, BanditConfig())
+    sel = StrategySelector(bandit.table(), clock="engine")
+    sel.choose(_requests(2))
+    sel.observe(StepObservation(2, "off", 2, 0, 0, 0.5, capture_seconds=0.4))
+    bandit.merge(sel.drain_observations())
+    arms = bandit.stats()["buckets"][bandit.bucket_of(2)]["arms"]
+    assert arms["off"]["total"] == 1 and arms["off"]["n"] == 0
+    with pytest.raises(TunerConfigError, match="clock"):
+        StrategySelector(bandit.table(), clock="wall")
