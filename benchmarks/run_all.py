@@ -29,7 +29,10 @@ never compete for the cores:
 6. ``policy_update``: one GRPO policy update on the same rollouts, the packed trainer vs the previous padded
    implementation vs TRL's ``GRPOTrainer`` loss path (a plain transformers forward + backward when TRL cannot
    be imported), with the CPU's FLOP bound (``--quick``: 8 short samples, one round).
-7. ``cuda_graphs``: decode with and without CUDA graphs; without CUDA it prints ``skipped: no CUDA`` and keeps
+7. ``trace_replay``: real sampled MATH rollouts (Qwen2.5-Math, ``data/traces``) replayed token for token on the
+   tiny shape: plain vs the fixed deterministic drafter arms vs the warm adaptive tuner, A/A control, max batch
+   sizes 1, 8, 32, 128 (``--quick``: 8 problems, batches 8, 32; ``--full``: 5 rounds instead of 3).
+8. ``cuda_graphs``: decode with and without CUDA graphs; without CUDA it prints ``skipped: no CUDA`` and keeps
    a result measured earlier on a GPU, which the summary then shows with the GPU it ran on.
 
 ``summary.md`` concatenates the benchmarks' tables (``rollout_longtail.md``, ``policy_update.md``; tables
@@ -60,6 +63,7 @@ BENCHMARKS = (
     "suffix_sibling_stall",
     "rl_step_e2e",
     "policy_update",
+    "trace_replay",
     "cuda_graphs",
 )
 LEARNED_DIR = (
@@ -267,6 +271,9 @@ def write_summary(results: Path, status: dict[str, dict]) -> Path:
     pu = results / "policy_update.md"
     if "policy_update" in status and pu.is_file():
         parts.append(pu.read_text())
+    tr = results / "trace_replay.md"
+    if "trace_replay" in status and tr.is_file():
+        parts.append(tr.read_text())
     cg = results / "cuda_graphs.json"
     if "cuda_graphs" in status and cg.is_file():
         parts.append(cuda_graphs_markdown(cg))
@@ -316,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         if name == "rl_step_e2e":
             extra += ["--pairs", "1", "--warm-tuner-steps", "2"] if args.quick else []
             extra += ["--pairs", "3"] if args.full else []
+        if name == "trace_replay":
+            extra += ["--out-dir", str(results)] + (["--quick"] if args.quick else [])
+            extra += ["--rounds", "5"] if args.full else []
         if name == "cuda_graphs":
             extra += ["--out", str(results / "cuda_graphs.json")]
         if name == "suffix_offline":

@@ -1,0 +1,227 @@
+"""Trace-replay results: per (shape, batch) summaries, the headline, markdown and the plot.
+
+Speedups are paired: in each round, plain's value over the configuration's, then the median over rounds. In
+replay every configuration decodes the same tokens, so the makespan ratio compares the same work; the long-tail
+speedup is the ratio of long-tail *throughputs* (tokens per second of the steps with <= ``longtail_batch``
+active requests), because a configuration that finishes some requests sooner enters that phase with different
+work left (at max batch size <= ``longtail_batch`` every step is in it, and it is the decode-time ratio).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks.rollout_longtail import FIXED_ARMS
+from benchmarks.trace_replay.runner import ADAPTIVE, PLAIN, PLAIN_AGAIN, ReplayRun
+
+HEADLINE_KEYS = (
+    "device",
+    "shape",
+    "batch",
+    "long_tail_speedup_best_fixed",
+    "long_tail_speedup_adaptive",
+    "makespan_speedup_adaptive",
+    "tau_best",
+    "best_fixed_arm",
+)
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def _lt_rate(r: ReplayRun) -> float | None:
+    return r.longtail_tokens / r.longtail_s if r.longtail_s > 0 else None
+
+
+def _lt_cpu_rate(r: ReplayRun) -> float | None:
+    return r.longtail_tokens / r.longtail_cpu_s if r.longtail_cpu_s > 0 else None
+
+
+def summarize(runs: Sequence[ReplayRun], configs: Sequence[str]) -> dict:
+    """Per configuration: medians over rounds (makespan, long-tail seconds / tokens / CPU seconds), paired
+    speedups vs plain (makespan, long-tail tokens/s by wall and by CPU time), tau and acceptance by draft
+    position pooled over rounds, replay exactness; plus the A/A control (plain / plain-again per round)."""
+    plain = {r.rep: r for r in runs if r.config == PLAIN}
+    out: dict[str, dict] = {}
+    for c in configs:
+        rs = [r for r in runs if r.config == c]
+        if not rs:
+            continue
+        pairs = [(plain[r.rep], r) for r in rs if r.rep in plain]
+        acc = (
+            [sum(x) for x in zip(*[r.accepted_by_position for r in rs])] if rs[0].accepted_by_position else []
+        )
+        dra = [sum(x) for x in zip(*[r.drafted_by_position for r in rs])] if rs[0].drafted_by_position else []
+        verify, accepted = sum(r.verify_steps for r in rs), sum(r.accepted for r in rs)
+        strategies: dict[str, int] = {}
+        for r in rs:
+            for k, v in r.strategies.items():
+                strategies[k] = strategies.get(k, 0) + v
+        out[c] = {
+            "rounds": len(rs),
+            "makespan_s": _median([r.makespan_s for r in rs]),
+            "cpu_s": _median([r.cpu_s for r in rs]),
+            "longtail_s": _median([r.longtail_s for r in rs]),
+            "longtail_tokens": _median([r.longtail_tokens for r in rs]),
+            "longtail_steps": _median([r.longtail_steps for r in rs]),
+            "tokens": rs[0].tokens,
+            "steps": _median([r.steps for r in rs]),
+            "makespan_speedup": _median([p.makespan_s / r.makespan_s for p, r in pairs if r.makespan_s > 0]),
+            "longtail_speedup": _median(
+                [_lt_rate(r) / _lt_rate(p) for p, r in pairs if _lt_rate(r) and _lt_rate(p)]
+            ),
+            "longtail_cpu_speedup": _median(
+                [_lt_cpu_rate(r) / _lt_cpu_rate(p) for p, r in pairs if _lt_cpu_rate(r) and _lt_cpu_rate(p)]
+            ),
+            "tau": 1 + accepted / verify if verify else None,
+            "draft_rate": verify / max(1, sum(r.tokens for r in rs)),
+            "acceptance_by_position": [a / d if d else None for a, d in zip(acc, dra)],
+            "exact_fraction": min(r.exact / r.requests for r in rs),
+            "capture_s": sum(r.capture_s for r in rs),
+        }
+        if strategies:
+            out[c]["strategies"] = dict(sorted(strategies.items(), key=lambda kv: -kv[1]))
+    aa = [p.makespan_s / r.makespan_s for r in runs if r.config == PLAIN_AGAIN and (p := plain.get(r.rep))]
+    aa_lt = [
+        _lt_rate(r) / _lt_rate(p)
+        for r in runs
+        if r.config == PLAIN_AGAIN and (p := plain.get(r.rep)) and _lt_rate(r) and _lt_rate(p)
+    ]
+    return {
+        "configs": out,
+        "aa": {
+            "makespan_ratios": aa,
+            "longtail_ratios": aa_lt,
+            "spread": max((abs(1 - x) for x in aa + aa_lt), default=None),
+        },
+    }
+
+
+def headline(device: str, shape: str, batch: int, summary: dict) -> dict:
+    """The headline entry (``HEADLINE_KEYS``, plus the CPU-time speedups, the A/A spread and the fraction of
+    outputs equal to their trace): the best fixed arm by long-tail speedup, its speedup and tau
+    (``tau_best``), and the adaptive policy's long-tail and makespan speedups."""
+    cs = summary["configs"]
+    fixed = [c for c in cs if c in FIXED_ARMS and cs[c]["longtail_speedup"] is not None]
+    best = max(fixed, key=lambda c: cs[c]["longtail_speedup"]) if fixed else None
+    ad = cs.get(ADAPTIVE, {})
+    return {
+        "device": device,
+        "shape": shape,
+        "batch": batch,
+        "long_tail_speedup_best_fixed": cs[best]["longtail_speedup"] if best else None,
+        "long_tail_speedup_adaptive": ad.get("longtail_speedup"),
+        "makespan_speedup_adaptive": ad.get("makespan_speedup"),
+        "tau_best": cs[best]["tau"] if best else None,
+        "best_fixed_arm": best,
+        # the same speedups in CPU time (steadier than wall time on a shared CPU; ~wall time on a GPU)
+        "long_tail_cpu_speedup_best_fixed": cs[best]["longtail_cpu_speedup"] if best else None,
+        "long_tail_cpu_speedup_adaptive": ad.get("longtail_cpu_speedup"),
+        "aa_spread": summary["aa"]["spread"],
+        "exact_fraction": min((c["exact_fraction"] for c in cs.values()), default=None),
+    }
+
+
+def _f(x, fmt="{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def _machine(result: dict) -> str:
+    m = result.get("machine") or {}
+    if result["device"] != "cpu" or not m:
+        return ""
+    return f" ({m.get('cpu_model')}, load average {m.get('load_average_1_5_15')} at the start)"
+
+
+def write_markdown(result: dict, path: Path) -> str:
+    """The headline table and, per (shape, batch), every configuration's row. Returns the text."""
+    w = result["workload"]
+    lines = [
+        "## Trace replay (`python -m benchmarks.trace_replay`)",
+        "",
+        f"Real Qwen2.5-Math MATH rollouts replayed token for token (`GenerationRequest.reference`) on model shapes "
+        f"with random weights: {w['problems']} problems, epoch {w['measured_epoch']} measured ({w['group']} "
+        f"responses per problem, all submitted together), epoch {w['history_epoch']} as history; the adaptive "
+        f"tuner warmed up on {w.get('warm_problems', 0)} other problems (both epochs) and the history epoch; "
+        f"{result['settings']['rounds']} interleaved rounds; long tail = steps with <= "
+        f"{result['settings']['longtail_batch']} active requests. Speedups: paired medians vs plain; "
+        "A/A = |1 - plain/plain-again|, largest over rounds (wall time; CPU-time ratios are steadier on a shared "
+        "CPU). tau (best) = the best fixed arm's. Device: "
+        f"{result['device']}{_machine(result)}."
+        + (" `--quick` run." if result["settings"].get("quick") else ""),
+        "",
+        "| shape | batch | best fixed arm | long-tail x (best fixed) | long-tail x (adaptive) "
+        "| makespan x (adaptive) | long-tail CPU x (best fixed / adaptive) | tau (best) | A/A spread "
+        "| replay exact |",
+        "|---|---:|---|---:|---:|---:|---|---:|---:|---:|",
+    ]
+    for h in result["headline"]:
+        lines.append(
+            f"| {h['shape']} | {h['batch']} | {h['best_fixed_arm'] or '-'} "
+            f"| {_f(h['long_tail_speedup_best_fixed'])} | {_f(h['long_tail_speedup_adaptive'])} "
+            f"| {_f(h['makespan_speedup_adaptive'])} | {_f(h.get('long_tail_cpu_speedup_best_fixed'))} / "
+            f"{_f(h.get('long_tail_cpu_speedup_adaptive'))} | {_f(h['tau_best'])} | {_f(h['aa_spread'], '{:.3f}')} "
+            f"| {_f(h['exact_fraction'], '{:.0%}')} |"
+        )
+    for blk in result["results"]:
+        lines += [
+            "",
+            f"### {blk['shape']}, max batch {blk['batch']} ({blk['workload']['requests']} requests, "
+            f"{blk['workload']['response_tokens']} response tokens)",
+            "",
+            "| config | makespan s | x | long-tail s | long-tail x | long-tail CPU x | tau "
+            "| acceptance by position (1..4) |",
+            "|---|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for c, d in blk["summary"]["configs"].items():
+            acc = " ".join(_f(a) for a in d["acceptance_by_position"][:4]) or "-"
+            lines.append(
+                f"| {c} | {_f(d['makespan_s'], '{:.3f}')} | {_f(d['makespan_speedup'])} "
+                f"| {_f(d['longtail_s'], '{:.3f}')} | {_f(d['longtail_speedup'])} "
+                f"| {_f(d['longtail_cpu_speedup'])} | {_f(d['tau'])} | {acc} |"
+            )
+        ad = blk["summary"]["configs"].get(ADAPTIVE, {}).get("strategies")
+        if ad:
+            lines += ["", "Adaptive decode steps per arm: " + ", ".join(f"{k} {v}" for k, v in ad.items())]
+    text = "\n".join(lines) + "\n"
+    path.write_text(text)
+    return text
+
+
+def write_plot(result: dict, path: Path) -> None:
+    """One row per shape: long-tail and makespan speedup vs plain by max batch size, a bar per config."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = list(dict.fromkeys(b["shape"] for b in result["results"]))
+    configs = [c for c in result["settings"]["configs"] if c != PLAIN]
+    fig, axes = plt.subplots(len(shapes), 2, figsize=(14, 4.2 * len(shapes)), squeeze=False)
+    cmap = plt.get_cmap("tab10")
+    width = 0.8 / max(1, len(configs))
+    for row, shape in zip(axes, shapes):
+        blks = [b for b in result["results"] if b["shape"] == shape]
+        for ax, key, title in (
+            (row[0], "longtail_speedup", "long-tail tokens/s"),
+            (row[1], "makespan_speedup", "makespan"),
+        ):
+            for i, c in enumerate(configs):
+                ys = [b["summary"]["configs"].get(c, {}).get(key) for b in blks]
+                xs = [j + (i - (len(configs) - 1) / 2) * width for j in range(len(blks))]
+                pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
+                ax.bar([p[0] for p in pts], [p[1] for p in pts], width, label=c, color=cmap(i % 10))
+            ax.axhline(1.0, color="k", lw=0.8, ls="--")
+            ax.set_xticks(range(len(blks)), [f"b={b['batch']}" for b in blks])
+            ax.set_ylabel("x vs plain")
+            ax.set_title(f"{shape}: {title} speedup")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 9), fontsize=8, frameon=False)
+    fig.suptitle(f"Trace replay ({result['device']})")
+    fig.tight_layout(rect=(0, 0.05, 1, 0.97))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

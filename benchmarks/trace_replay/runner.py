@@ -1,0 +1,278 @@
+"""Replay one shape's workload at one max batch size under every configuration, on one engine.
+
+``ReplayBench`` holds a single ``Engine`` (one KV cache, one CUDA-graph pool on CUDA) and switches its
+``selector`` and ``drafters`` between runs, so every configuration decodes on the same memory and, on CUDA,
+replays graphs captured once (a capture's seconds are taken out of the step that paid them).
+
+Configurations: ``plain`` (speculation off), ``plain-again`` (a second plain run: the A/A control), each fixed
+deterministic arm of ``FIXED_ARMS`` (suffix chains k4/k8/k12, a suffix tree k16 w2 d8, n-gram k3/k5: the arms of
+``benchmarks/rollout_longtail.py``), and ``adaptive`` (the tuner: ``StrategySelector`` over a
+``TunerService`` table of the shipped arms whose drafters are replayable, with length-aware budgets), warm
+(``ReplayBench.warm``): before the measured runs it decodes both epochs of other problems of the trace file and
+the measured problems' history epoch, and its observations are merged into the tuner after every run, measured
+runs included (the table persists across RL steps in a real run). The learned drafter and ``hybrid`` are left out:
+their drafts are sampled at temperature > 0, which trace replay cannot verify (the engine raises).
+
+Every run starts from the same drafter state: the suffix drafter holds the history epoch's responses (their
+problem and global tries), the n-gram drafter nothing; within a run they learn online (a request's own tokens,
+its siblings as they finish).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from benchmarks.rollout_longtail import FIXED_ARMS
+from benchmarks.trace_replay.workload import (
+    HISTORY_EPOCH,
+    MEASURED_EPOCH,
+    TraceProblem,
+    max_seq_len,
+    requests,
+)
+from services.rollout_actor.engine import Engine, GenerationRequest, RequestOutput
+from services.rollout_actor.model import Transformer
+from services.rollout_actor.speculative.strategy import FixedStrategy
+from services.rollout_actor.worker import build_drafters
+
+PLAIN, PLAIN_AGAIN, ADAPTIVE = "plain", "plain-again", "adaptive"
+DRAFTERS = ("suffix", "ngram")
+NOT_REPLAYABLE = {
+    "learned / hybrid arms": "sampled drafts (the EAGLE drafter at temperature > 0) cannot be verified against "
+    "a trace (the engine raises ValueError), so trace replay leaves them out"
+}
+
+
+def all_configs(fixed: Sequence[str] | None = None) -> list[str]:
+    """``plain``, ``plain-again``, the fixed arms (default: all of ``FIXED_ARMS``), ``adaptive``.
+    Raises ``ValueError`` for an unknown arm."""
+    fixed = list(FIXED_ARMS) if fixed is None else list(fixed)
+    bad = [a for a in fixed if a not in FIXED_ARMS]
+    if bad:
+        raise ValueError(f"unknown fixed arm(s) {bad}; known: {', '.join(FIXED_ARMS)}")
+    return [PLAIN, PLAIN_AGAIN, *fixed, ADAPTIVE]
+
+
+@dataclass
+class ReplayRun:
+    """One rollout of the measured epoch under one configuration. Seconds are wall time (``cpu_s``: this
+    process's CPU time); ``longtail_*`` sum the decode steps with at most ``longtail_batch`` active requests."""
+
+    config: str
+    batch: int
+    rep: int
+    makespan_s: float
+    cpu_s: float
+    longtail_s: float
+    longtail_cpu_s: float
+    longtail_steps: int
+    longtail_tokens: int  # tokens committed in those steps
+    steps: int
+    tokens: int
+    drafted: int
+    accepted: int
+    verify_steps: int
+    accepted_by_position: list[int]
+    drafted_by_position: list[int]
+    exact: int  # outputs equal to their trace followed by EOS
+    requests: int
+    capture_s: float = 0.0
+    strategies: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def tau(self) -> float | None:
+        """Committed tokens per verify step of the drafted steps: ``1 + accepted / verify_steps``."""
+        return 1 + self.accepted / self.verify_steps if self.verify_steps else None
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "tau": self.tau}
+
+
+def replay_exact(out: RequestOutput, req: GenerationRequest, eos_ids: set[int]) -> bool:
+    """Whether ``out`` is exactly ``req.reference`` followed by one EOS id (finish reason ``eos``)."""
+    ref = list(req.reference or [])
+    return (
+        out.finish_reason == "eos"
+        and out.token_ids[:-1] == ref
+        and bool(out.token_ids)
+        and out.token_ids[-1] in eos_ids
+    )
+
+
+def _sum_positions(outs: Sequence[RequestOutput], attr: str) -> list[int]:
+    total: list[int] = []
+    for o in outs:
+        xs = getattr(o.spec, attr)
+        total += [0] * (len(xs) - len(total))
+        for i, x in enumerate(xs):
+            total[i] += x
+    return total
+
+
+class ReplayBench:
+    """One model shape at one max batch size (``Engine.max_batch_size``: continuous batching).
+
+    Args:
+        model: the target (``services.rollout_actor.shapes.build_model``).
+        problems: the tokenized workload (``workload.tokenize``).
+        batch: max batch size (KV slots).
+        longtail_batch: a decode step with at most this many active requests is in the long-tail phase.
+        seed: the adaptive policy's seed.
+        warm_problems: other problems, for the adaptive policy's warm-up (``warm``).
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        problems: Sequence[TraceProblem],
+        batch: int,
+        longtail_batch: int = 8,
+        seed: int = 0,
+        warm_problems: Sequence[TraceProblem] = (),
+    ):
+        self.problems = list(problems)
+        self.warm_problems = list(warm_problems)
+        self.batch = batch
+        self.longtail_batch = longtail_batch
+        self.seed = seed
+        self.engine = Engine(
+            model,
+            max_batch_size=batch,
+            max_seq_len=max_seq_len(self.problems + self.warm_problems),
+            cpu_clock=True,
+        )
+        self.suffix_state: dict | None = None
+        self.history_lengths: list[tuple[str, int]] = []
+        self.tuner = None
+        self.adaptive = None
+
+    # ------------------------------------------------------------------ drafters and the adaptive policy
+    def drafters(self) -> dict:
+        """Fresh drafters in the history snapshot's state (empty before ``warm``)."""
+        ds = build_drafters(names=DRAFTERS)
+        if self.suffix_state is not None:
+            ds["suffix"].load_state_dict(copy.deepcopy(self.suffix_state))
+            ds["suffix"].new_step(1)  # the history is the previous RL step's
+        return ds
+
+    def _learn(self) -> int:
+        from services.tuner.bandit import gate_table
+
+        obs = self.adaptive.drain_observations()
+        self.adaptive.update_table(gate_table(self.tuner.merge(obs), []))
+        return len(obs)
+
+    def warm(self, passes: int = 1) -> dict:
+        """Warm the adaptive policy up as a long run would have, and record the drafters' history.
+
+        1. ``passes`` times, on the ``warm_problems`` (other than the measured ones; may be none): their
+           history epoch, then their measured epoch drafting with that history (fresh drafters each pass);
+        2. once, the measured problems' history epoch (from fresh drafters: the RL step before the measured
+           one); the suffix drafter's state after it (those responses in its problem and global tries) and the
+           responses' lengths (the length classes) are what every measured run starts from.
+
+        Everything runs under the adaptive policy, its observations merged into the tuner after every rollout,
+        so its table has seen drafting with and without a history. Returns what it did, with seconds."""
+        from services.tuner.selector import StrategySelector
+        from services.tuner.service import TunerService
+
+        self.tuner = TunerService(available_drafters=DRAFTERS)
+        self.adaptive = StrategySelector(self.tuner.table(), seed=self.seed)
+        t0 = time.perf_counter()
+        warm_problems, warm_reqs = self.warm_problems, 0
+        for _ in range(max(1, passes) if warm_problems else 0):
+            ds = build_drafters(names=DRAFTERS)
+            for epoch in (HISTORY_EPOCH, MEASURED_EPOCH):
+                reqs = requests(warm_problems, epoch)
+                outs = self._generate(reqs, ds, self.adaptive)[0]
+                self.adaptive.record_lengths([(o.problem_id, len(o.token_ids)) for o in outs])
+                self._learn()
+                ds["suffix"].new_step(epoch + 1)
+                warm_reqs += len(reqs)
+        ds = build_drafters(names=DRAFTERS)
+        reqs = requests(self.problems, HISTORY_EPOCH)
+        outs = self._generate(reqs, ds, self.adaptive)[0]
+        self._learn()
+        self.adaptive.drain_choices()
+        self.suffix_state = ds["suffix"].state_dict()
+        self.history_lengths = [(o.problem_id, len(o.token_ids)) for o in outs]
+        self.adaptive.record_lengths(self.history_lengths)
+        return {
+            "passes": max(1, passes) if warm_problems else 0,
+            "warm_problems": len(warm_problems),
+            "warm_requests": warm_reqs,
+            "history_requests": len(reqs),
+            "exact": sum(replay_exact(o, r, self.engine.eos) for o, r in zip(outs, reqs)),
+            "seconds": time.perf_counter() - t0,
+        }
+
+    # ------------------------------------------------------------------ runs
+    def _generate(self, reqs, drafters, selector) -> tuple[list[RequestOutput], float, float, list]:
+        eng = self.engine
+        eng.drafters = dict(drafters)
+        eng.selector = selector
+        n0 = len(eng.step_log)
+        gc.collect()
+        c0, t0 = time.process_time(), time.perf_counter()
+        outs = eng.generate(reqs)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        steps = eng.step_log[n0:]
+        del eng.step_log[:]  # the log of a finished run is not kept (memory)
+        return outs, wall, cpu, steps
+
+    def run(self, config: str, rep: int) -> ReplayRun:
+        """One rollout of the measured epoch under ``config`` (``all_configs``). Raises ``ValueError`` for an
+        unknown configuration, ``RuntimeError`` when ``adaptive`` runs before ``warm``."""
+        if config in (PLAIN, PLAIN_AGAIN):
+            drafters, selector = {}, FixedStrategy()
+        elif config == ADAPTIVE:
+            if self.adaptive is None:
+                raise RuntimeError("ReplayBench.run('adaptive') needs warm() first")
+            drafters, selector = self.drafters(), self.adaptive
+        elif config in FIXED_ARMS:
+            strat = FIXED_ARMS[config]
+            drafters, selector = {strat.drafter: self.drafters()[strat.drafter]}, FixedStrategy(strat)
+        else:
+            raise ValueError(f"unknown configuration {config!r}")
+        reqs = requests(self.problems, MEASURED_EPOCH)
+        outs, wall, cpu, steps = self._generate(reqs, drafters, selector)
+        capture = sum(s.capture_seconds for s in steps)
+        tail = [s for s in steps if s.batch_size <= self.longtail_batch]
+        res = ReplayRun(
+            config=config,
+            batch=self.batch,
+            rep=rep,
+            makespan_s=wall - capture,
+            cpu_s=cpu,
+            longtail_s=sum(s.seconds - s.capture_seconds for s in tail),
+            longtail_cpu_s=sum(s.cpu_seconds or 0.0 for s in tail),
+            longtail_steps=len(tail),
+            longtail_tokens=sum(s.committed for s in tail),
+            steps=len(steps),
+            tokens=sum(len(o.token_ids) for o in outs),
+            drafted=sum(o.spec.drafted for o in outs),
+            accepted=sum(o.spec.accepted for o in outs),
+            verify_steps=sum(o.spec.verify_steps for o in outs),
+            accepted_by_position=_sum_positions(outs, "accepted_by_position"),
+            drafted_by_position=_sum_positions(outs, "drafted_by_position"),
+            exact=sum(replay_exact(o, r, self.engine.eos) for o, r in zip(outs, reqs)),
+            requests=len(reqs),
+            capture_s=capture,
+        )
+        if config == ADAPTIVE:
+            res.strategies = self.adaptive.drain_choices()
+            self._learn()
+        return res
+
+    def outputs(self, config: str) -> tuple[list[GenerationRequest], list[RequestOutput]]:
+        """The measured epoch's requests and outputs under ``config`` (a fixed arm or plain), untimed: for
+        checking replay against the trace."""
+        strat = FIXED_ARMS.get(config)
+        drafters = {} if strat is None else {strat.drafter: self.drafters()[strat.drafter]}
+        selector = FixedStrategy(strat) if strat is not None else FixedStrategy()
+        reqs = requests(self.problems, MEASURED_EPOCH)
+        return reqs, self._generate(reqs, drafters, selector)[0]

@@ -1,0 +1,123 @@
+"""Smoke test of ``benchmarks.trace_replay`` on the tiny shape (2 problems, max batch 1 and 8, two fixed arms).
+
+Checks the JSON schema and headline keys, that every speedup is computed from the measured times, and, through
+the public API, that every replayed output is its trace: the recorded response's ids, then EOS, decoding back
+to the recorded text. No timing assertions (speed is the benchmark's business).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from benchmarks.trace_replay import report, workload
+from benchmarks.trace_replay.__main__ import main
+from benchmarks.trace_replay.runner import ADAPTIVE, PLAIN, PLAIN_AGAIN, ReplayBench
+from services.rollout_actor.shapes import build_model, load_tokenizer, shape_config
+
+ARMS = ["suffix-k8", "ngram-k3"]
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trace_replay")
+    argv = ["--shapes", "tiny", "--problems", "2", "--batches", "1,8", "--rounds", "1"]
+    argv += ["--arms", ",".join(ARMS), "--warm-problems", "1", "--out-dir", str(out)]
+    return main(argv), out
+
+
+def test_outputs_written(result):
+    res, out = result
+    on_disk = json.loads((out / "trace_replay.json").read_text())
+    assert on_disk["headline"] == json.loads(json.dumps(res["headline"]))
+    assert (out / "trace_replay.png").stat().st_size > 0
+    md = (out / "trace_replay.md").read_text()
+    assert "| shape | batch | best fixed arm |" in md and "suffix-k8" in md
+
+
+def test_headline_schema(result):
+    res, _ = result
+    assert [(h["shape"], h["batch"]) for h in res["headline"]] == [("tiny", 1), ("tiny", 8)]
+    for h in res["headline"]:
+        assert set(report.HEADLINE_KEYS) <= set(h)
+        assert h["device"] == "cpu"
+        assert h["best_fixed_arm"] in ARMS
+        assert h["tau_best"] >= 1.0
+        for key in (
+            "long_tail_speedup_best_fixed",
+            "long_tail_speedup_adaptive",
+            "makespan_speedup_adaptive",
+        ):
+            assert h[key] > 0
+        assert h["exact_fraction"] == 1.0
+
+
+def test_speedups_from_measured_times(result):
+    res, _ = result
+    for blk in res["results"]:
+        runs = {r["config"]: r for r in blk["runs"]}
+        assert set(runs) == {PLAIN, PLAIN_AGAIN, *ARMS, ADAPTIVE}
+        cs = blk["summary"]["configs"]
+        plain = runs[PLAIN]
+        for c, r in runs.items():
+            assert r["exact"] == r["requests"] == blk["workload"]["requests"]
+            assert r["tokens"] == plain["tokens"]  # replay: every configuration decodes the same tokens
+            assert cs[c]["makespan_speedup"] == pytest.approx(plain["makespan_s"] / r["makespan_s"])
+            lt = (r["longtail_tokens"] / r["longtail_s"]) / (plain["longtail_tokens"] / plain["longtail_s"])
+            assert cs[c]["longtail_speedup"] == pytest.approx(lt)
+            if r["verify_steps"]:
+                assert r["tau"] == pytest.approx(1 + r["accepted"] / r["verify_steps"])
+                acc, dra = r["accepted_by_position"], r["drafted_by_position"]
+                assert acc == sorted(acc, reverse=True)  # depth k + 1 is accepted only after depth k
+                assert all(a <= d for a, d in zip(acc, dra)) and sum(acc) == r["accepted"]
+                rates = cs[c]["acceptance_by_position"]
+                assert rates == [pytest.approx(a / d) for a, d in zip(acc, dra)]
+        assert runs[PLAIN]["verify_steps"] == 0 and cs[PLAIN]["tau"] is None
+        head = next(h for h in res["headline"] if h["batch"] == blk["batch"])
+        best = head["best_fixed_arm"]
+        assert head["long_tail_speedup_best_fixed"] == max(cs[a]["longtail_speedup"] for a in ARMS)
+        assert head["tau_best"] == cs[best]["tau"]
+        aa = blk["summary"]["aa"]["makespan_ratios"]
+        assert aa == [pytest.approx(plain["makespan_s"] / runs[PLAIN_AGAIN]["makespan_s"])]
+    # at max batch 1 every decode step is in the long-tail phase
+    b1 = next(b for b in res["results"] if b["batch"] == 1)
+    for r in b1["runs"]:
+        assert r["longtail_steps"] == r["steps"]
+
+
+def test_replay_equals_the_trace():
+    cfg = shape_config("tiny")
+    tok = load_tokenizer("tiny")
+    rows = workload.load_rows(problems=2)
+    problems = workload.tokenize(rows, tok, cfg.vocab_size, cfg.eos_ids())
+    bench = ReplayBench(build_model("tiny"), problems, batch=8)
+    bench.warm(1)
+    texts = {f"math-{row['idx']}-e1-g{g}": row["responses"][4 + g] for row in rows for g in range(4)}
+    for config in (PLAIN, "suffix-k8", "suffix-tree-k16w2d8"):
+        reqs, outs = bench.outputs(config)
+        assert [o.request_id for o in outs] == [r.request_id for r in reqs] and len(outs) == 8
+        for o in outs:
+            assert o.finish_reason == "eos" and o.token_ids[-1] in cfg.eos_ids()
+            assert tok.decode(o.token_ids[:-1]) == texts[o.request_id], (config, o.request_id)
+        if config != PLAIN:
+            assert sum(o.spec.accepted for o in outs) > 0  # the history epoch makes drafts land
+    lens = [len(r) for p in problems for r in p.epoch(workload.MEASURED_EPOCH)]
+    assert statistics.fmean(lens) > 50  # real reasoning responses, not a stub
+
+
+def test_workload_epochs_and_requests():
+    cfg = shape_config("tiny")
+    problems = workload.tokenize(workload.load_rows(problems=3), load_tokenizer("tiny"), cfg.vocab_size, [0])
+    reqs = workload.requests(problems, workload.MEASURED_EPOCH)
+    assert len(reqs) == 3 * workload.GROUP
+    assert [r.problem_id for r in reqs[: workload.GROUP]] == [problems[0].problem_id] * workload.GROUP
+    for r, ref in zip(reqs, [x for p in problems for x in p.responses[4:8]]):
+        assert r.reference == ref and r.params.max_new_tokens == len(ref) + 1
+    hist = workload.requests(problems, workload.HISTORY_EPOCH)
+    assert [r.reference for r in hist[:4]] == problems[0].responses[:4]
+    with pytest.raises(ValueError, match="epoch 2"):
+        problems[0].epoch(2)
+    with pytest.raises(ValueError, match="vocabulary"):
+        workload.tokenize(workload.load_rows(problems=1), load_tokenizer("qwen2.5-7b"), 2048, [0])
