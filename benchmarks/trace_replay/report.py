@@ -13,8 +13,7 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.rollout_longtail import FIXED_ARMS
-from benchmarks.trace_replay.runner import ADAPTIVE, PLAIN, PLAIN_AGAIN, ReplayRun
+from benchmarks.trace_replay.runner import ADAPTIVE, FIXED_ARMS, PLAIN, PLAIN_AGAIN, ReplayRun
 
 HEADLINE_KEYS = (
     "device",

@@ -5,8 +5,8 @@
 replays graphs captured once (a capture's seconds are taken out of the step that paid them).
 
 Configurations: ``plain`` (speculation off), ``plain-again`` (a second plain run: the A/A control), each fixed
-deterministic arm of ``FIXED_ARMS`` (suffix chains k4/k8/k12, a suffix tree k16 w2 d8, n-gram k3/k5: the arms of
-``benchmarks/rollout_longtail.py``), and ``adaptive`` (the tuner: ``StrategySelector`` over a
+deterministic arm of ``FIXED_ARMS`` (suffix chains k4/k8/k16/k32, suffix trees k16 w2 d8 and k24 w3 d8, n-gram
+k3/k5), and ``adaptive`` (the tuner: ``StrategySelector`` over a
 ``TunerService`` table of the shipped arms whose drafters are replayable, with length-aware budgets), warm
 (``ReplayBench.warm``): before the measured runs it decodes both epochs of other problems of the trace file and
 the measured problems' history epoch, and its observations are merged into the tuner after every run, measured
@@ -26,7 +26,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from benchmarks.rollout_longtail import FIXED_ARMS
 from benchmarks.trace_replay.workload import (
     HISTORY_EPOCH,
     MEASURED_EPOCH,
@@ -36,10 +35,22 @@ from benchmarks.trace_replay.workload import (
 )
 from services.rollout_actor.engine import Engine, GenerationRequest, RequestOutput
 from services.rollout_actor.model import Transformer
-from services.rollout_actor.speculative.strategy import FixedStrategy
+from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy
 from services.rollout_actor.worker import build_drafters
 
 PLAIN, PLAIN_AGAIN, ADAPTIVE = "plain", "plain-again", "adaptive"
+# The fixed deterministic arms replayed: suffix chains of the shipped lengths (services/tuner/arms.py), two
+# suffix trees and n-gram chains.
+FIXED_ARMS: dict[str, Strategy] = {
+    "suffix-k4": Strategy("suffix", 4),
+    "suffix-k8": Strategy("suffix", 8),
+    "suffix-k16": Strategy("suffix", 16),
+    "suffix-k32": Strategy("suffix", 32),
+    "suffix-tree-k16w2d8": Strategy("suffix", 16, 2, 8),
+    "suffix-tree-k24w3d8": Strategy("suffix", 24, 3, 8),
+    "ngram-k3": Strategy("ngram", 3),
+    "ngram-k5": Strategy("ngram", 5),
+}
 DRAFTERS = ("suffix", "ngram")
 NOT_REPLAYABLE = {
     "learned / hybrid arms": "sampled drafts (the EAGLE drafter at temperature > 0) cannot be verified against "

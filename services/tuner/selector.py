@@ -114,6 +114,7 @@ class StrategySelector:
         """Install a newer table (ends the lease; arms' play counts for candidate order restart)."""
         self._end_lease()
         old = getattr(self, "_rows", None)
+        self.table = table  # the table this selector plays (read-only: install another with update_table)
         self.version = int(table["version"])
         self.regret_budget = float(table.get("regret_budget", 0.0))
         self.edges = list(table["bucket_edges"])

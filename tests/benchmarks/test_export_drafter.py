@@ -73,7 +73,9 @@ def test_gated_runner_keeps_learned_arms_out_of_the_adaptive_table(tiny_policy_d
         runner.gated = gated
         runner.init_adaptive(0)
         table = runner.adaptive.table
-        learned = {n for n, a in table.arms.items() if str(a.drafter) == "learned"}
+        learned = {n for n, a in table["arms"].items() if a["drafter"] == "learned"}
         assert learned  # the tuner has the learned arms either way
-        playable = {n for b in table.buckets for n in [b["best"], *b.get("explore", []), *b.get("probe", [])]}
+        playable = {
+            n for b in table["buckets"] for n in [b["best"], *b.get("explore", []), *b.get("probe", [])]
+        }
         assert bool(playable & learned) == (not gated), gated

@@ -57,7 +57,17 @@ def _attack(endpoint: str, token: str | None) -> int:
     return int(out.stdout.strip())
 
 
-def test_hostile_frames_are_counted_and_dropped_while_training_goes_on(tmp_path, tiny_policy_dir):
+def test_hostile_frames_are_counted_and_dropped_while_training_goes_on(
+    tmp_path, tiny_policy_dir, monkeypatch
+):
+    # the process-wide counter on a registry of its own (Ray, started by an earlier test, would take it over)
+    from prometheus_client import CollectorRegistry
+
+    from services.common.metrics import Metrics
+
+    monkeypatch.setattr(
+        stream, "_default_metrics", Metrics(backend="prometheus", registry=CollectorRegistry())
+    )
     svc = SpotTrainerService(
         str(tiny_policy_dir),
         str(tmp_path / "spot"),
