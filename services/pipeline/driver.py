@@ -43,9 +43,10 @@ def resolve_model(cfg: Config, log=print) -> Path:
         if not cfg.model.build_if_missing:
             raise PreflightError(f"model directory {path} does not exist (model.build_if_missing is false)")
         from services.pipeline.base_model import build_base_model
+        from services.pipeline.tasks import BASE_RECIPES
 
         log(f"building the embedded default policy into {path} (first use; a few minutes)")
-        build_base_model(path, data_dir=cfg.data.dir, seed=cfg.run.seed)
+        build_base_model(path, data_dir=data_dir(cfg), seed=cfg.run.seed, **BASE_RECIPES[cfg.task.name])
     check_model_dir(path)
     return path
 
@@ -83,9 +84,15 @@ def check_model_dir(path: Path) -> None:
             )
 
 
+def data_dir(cfg: Config) -> Path:
+    """``data.dir``, else the task's folder (GSM8K: $TAILSPEC_DATA_DIR or data/gsm8k)."""
+    from services.pipeline.tasks import task_data_dir
+
+    return Path(cfg.data.dir) if cfg.data.dir else (task_data_dir(cfg.task.name) or default_dataset_dir())
+
+
 def load_data(cfg: Config) -> list[GSM8KExample]:
-    d = Path(cfg.data.dir) if cfg.data.dir else default_dataset_dir()
-    return load_gsm8k(d / cfg.data.train_file)
+    return load_gsm8k(data_dir(cfg) / cfg.data.train_file)
 
 
 # ---------------------------------------------------------------------------------------------- scheduling
@@ -131,6 +138,11 @@ class RLDriver:
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_file(str(self.model_path / "tokenizer.json"))
+        from services.pipeline.evaluation import RunEvaluator
+
+        self.evaluator = RunEvaluator(
+            cfg, self.tokenizer, data_dir(cfg)
+        )  # loads the held-out set (preflight)
         self.run_dir = Path(run_dir) if run_dir else resolve_path(cfg.run.runs_dir) / new_run_id(cfg.run.name)
         self.rng = random.Random(cfg.run.seed)
         self.order = list(range(len(self.train)))
@@ -425,8 +437,15 @@ class RLDriver:
         self._start_services()
         try:
             progress = _Progress(self.console, cfg.trainer.steps)
+            initial = (
+                self.evaluator.evaluate(self.plane.rollout, 0, self.log) if self.evaluator.enabled else {}
+            )
             for step in range(1, cfg.trainer.steps + 1):
                 row = self.step(step)
+                if step == 1 and initial:
+                    row["eval_initial"] = initial["eval"]
+                if self.evaluator.due(step):
+                    row.update(self.evaluator.evaluate(self.plane.rollout, row["policy_version"], self.log))
                 writer.append_metrics(row)
                 self._export_metrics(row)
                 self.rows.append(row)
@@ -444,10 +463,11 @@ class RLDriver:
             self.lengths_per_step, self.run_dir / "plots" / "response_length.png", cfg.rollout.max_new_tokens
         )
         plot_curves(
-            self.rows,
-            ["reward_mean", "accuracy", "response_len_mean", "rollout_seconds"],
+            self.evaluator.plot_rows(self.rows),
+            ["reward_mean", "accuracy", "response_len_mean", "rollout_seconds"]
+            + (["eval_accuracy", "eval_accuracy_sampled"] if self.evaluator.history else []),
             self.run_dir / "plots" / "training_curves.png",
-            "GRPO on GSM8K",
+            f"GRPO: {cfg.run.name}",
         )
         if self._timeline is not None:
             from services.spot_trainer.bubbles import plot_worker_timeline
@@ -488,13 +508,11 @@ class RLDriver:
             "wall_seconds": wall,
             "policy_version": rows[-1]["policy_version"],
             "base_model": str(self.model_path),
-            "dataset": str(
-                (Path(self.cfg.data.dir) if self.cfg.data.dir else default_dataset_dir())
-                / self.cfg.data.train_file
-            ),
+            "dataset": str(data_dir(self.cfg) / self.cfg.data.train_file),
             "checkpoint": str(ckpt) if ckpt else None,
             "metrics_endpoint": self.metrics_endpoint,
             "coordinator_address": self.coordinator_address,
+            **self.evaluator.summary(),
             **self._spec_summary(),
             **self._tuner_summary(),
             **self._bubble_summary(),

@@ -106,9 +106,9 @@ def plot_curves(rows: list[dict], keys: list[str], path: Path, title: str) -> No
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(keys), figsize=(3.6 * len(keys), 3), squeeze=False)
-    steps = [r["step"] for r in rows]
-    for ax, k in zip(axes[0], keys):
-        ax.plot(steps, [r.get(k, np.nan) for r in rows], marker="o")
+    for ax, k in zip(axes[0], keys):  # a key missing from some rows (evaluations): its points joined
+        pts = [(r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float))]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
         ax.set_title(k, fontsize=9)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
