@@ -505,6 +505,7 @@ class RLDriver:
             "step_seconds_total": sum(r["step_seconds"] for r in rows),
             "tokens_generated_total": sum(r["tokens_generated"] for r in rows),
             "response_len_max": max(r["response_len_max"] for r in rows),
+            **length_stats([n for lens in self.lengths_per_step for n in lens], "response_len_run_"),
             "wall_seconds": wall,
             "policy_version": rows[-1]["policy_version"],
             "base_model": str(self.model_path),

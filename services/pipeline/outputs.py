@@ -57,14 +57,20 @@ def _jsonable(o):
     raise TypeError(f"not JSON serializable: {type(o)}")
 
 
-def length_stats(lengths: list[int]) -> dict:
+def length_stats(lengths: list[int], prefix: str = "response_len_") -> dict:
+    """Mean, p50, p90, max of response lengths; with another ``prefix`` (the run's pooled lengths in
+    summary.json) also p99 and ``tail_ratio`` = p99 / p50."""
     a = np.asarray(lengths, dtype=float) if lengths else np.zeros(1)
-    return {
-        "response_len_mean": float(a.mean()),
-        "response_len_p50": float(np.percentile(a, 50)),
-        "response_len_p90": float(np.percentile(a, 90)),
-        "response_len_max": int(a.max()),
+    out = {
+        f"{prefix}mean": float(a.mean()),
+        f"{prefix}p50": float(np.percentile(a, 50)),
+        f"{prefix}p90": float(np.percentile(a, 90)),
+        f"{prefix}max": int(a.max()),
     }
+    if prefix != "response_len_":
+        out[f"{prefix}p99"] = float(np.percentile(a, 99))
+        out[f"{prefix}tail_ratio"] = out[f"{prefix}p99"] / max(out[f"{prefix}p50"], 1e-9)
+    return out
 
 
 def plot_response_lengths(

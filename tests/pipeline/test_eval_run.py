@@ -66,6 +66,11 @@ def test_run_reports_held_out_accuracy(tmp_path, rt_policy):
     assert summary["eval_accuracy_last"] == rows[-1]["eval_accuracy"]
     assert summary["eval_temperature"] == 1.0
     assert [c["policy_version"] for c in summary["eval_curve"]] == [0, 2, 3]
+    pooled = sorted(w for r in rows for w in [r["response_len_max"]])
+    assert summary["response_len_run_max"] == pooled[-1]
+    assert summary["response_len_run_tail_ratio"] == pytest.approx(
+        summary["response_len_run_p99"] / summary["response_len_run_p50"]
+    )
     assert (run / "plots" / "training_curves.png").stat().st_size > 1000
 
 

@@ -4,16 +4,17 @@ A problem is a two-digit start and a chain of one-digit additions and subtractio
 in 0..99 (each step's sign is drawn among those that keep it there)::
 
     Question: 47+8-3+9
-    Answer: 47+8=55
-    55-3=52
-    52+9=61
+    Answer: 47+8-3+9
+    55-3+9
+    52+9
+    61
     #### 61<|endoftext|>
 
-The response writes one line per operation, so its length grows linearly with the chain (~8 tokens a line
-with one token per digit). Chain lengths are mixed: most problems have 2-5 operations, some 6-12 and a few
-13-24, so response lengths have a long tail (p99 / p50 ~ 4). Sibling responses to one prompt repeat each
-other almost token for token, and every line starts by copying the previous line's result: a suffix drafter
-predicts them well.
+The response copies the chain, then rewrites it once per operation: the first two terms replaced by their
+sum, the rest copied. Its length grows quadratically with the chain (one token per digit: ~24 tokens for 3
+operations, ~200 for 12). Chain lengths are mixed (most problems have 2-5 operations, some 6-10, a few
+11-14), so response lengths have a long tail (p99 / p50 ~ 5). Each line is mostly a copy of the previous
+one and sibling responses to one prompt repeat each other: a suffix drafter predicts them well.
 
 Files are in the GSM8K JSONL format (``{"question", "answer"}``, the answer ending with ``#### <total>``), so
 prompts (:func:`services.pipeline.datasets.format_prompt`), answer extraction and the exact-match reward
@@ -51,7 +52,7 @@ __all__ = [
 NAME = "running_total"
 DEFAULT_DIR = Path(__file__).resolve().parents[3] / "data" / NAME
 # chain-length mixture: (probability, min ops, max ops) -- most short, some medium, a few long
-LENGTH_MIX: tuple[tuple[float, int, int], ...] = ((0.80, 2, 5), (0.17, 6, 12), (0.03, 13, 24))
+LENGTH_MIX: tuple[tuple[float, int, int], ...] = ((0.80, 2, 5), (0.17, 6, 10), (0.03, 11, 14))
 SEEDS = {"train": 1, "test": 2, "sft": 3}
 SIZES = {"train": 4000, "test": 500, "sft": 20000}
 
@@ -80,7 +81,7 @@ def _num_ops(rng: random.Random) -> int:
 
 
 def generate_problem(rng: random.Random) -> Problem:
-    """One problem from ``rng``: start in 10..99, 2-24 operations, running total always in 0..99."""
+    """One problem from ``rng``: start in 10..99, 2-14 operations, running total always in 0..99."""
     total = start = rng.randint(10, 99)
     ops = []
     for _ in range(_num_ops(rng)):
@@ -98,20 +99,22 @@ def generate_problems(n: int, seed: int) -> list[Problem]:
 
 
 def worked_answer(p: Problem, carry_error: float = 0.0, rng: random.Random | None = None) -> str:
-    """The worked answer: one ``a+d=b`` line per operation, then ``#### <total>``.
+    """The worked answer: the chain, then one line per operation with the first two terms summed and the
+    rest copied, then ``#### <total>``.
 
-    With ``carry_error`` > 0 (needs ``rng``) it is the sloppy teacher's: on a step whose result has a
-    different tens digit than ``a`` (a carry or a borrow), it keeps ``a``'s tens digit with that probability
-    (``47+8=45``, ``52-3=59``) and goes on from the wrong total, so its final answer is wrong.
+    With ``carry_error`` > 0 (needs ``rng``) it is the sloppy teacher's: on a step whose sum has a different
+    tens digit than its first term (a carry or a borrow), it keeps that tens digit with this probability
+    (``47+8`` -> ``45``, ``52-3`` -> ``59``) and goes on from the wrong total, so its final answer is wrong.
     """
     if carry_error > 0 and rng is None:
         raise ValueError("carry_error > 0 needs an rng")
-    lines, a = [], p.start
-    for d in p.ops:
+    a = p.start
+    lines = [p.question]
+    for i, d in enumerate(p.ops):
         b = a + d
         if carry_error > 0 and a >= 0 and b >= 0 and b // 10 != a // 10 and rng.random() < carry_error:
             b = (a // 10) * 10 + b % 10
-        lines.append(f"{a}{d:+d}={b}")
+        lines.append(str(b) + "".join(f"{x:+d}" for x in p.ops[i + 1 :]))
         a = b
     return "\n".join(lines) + f"\n#### {a}"
 
