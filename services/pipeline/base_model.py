@@ -584,7 +584,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from services.pipeline.evaluation import evaluate_model_dir
 
         test = load_gsm8k(Path(data_dir) / "test.jsonl")[: args.eval_n]
-        result = evaluate_model_dir(args.out, test, max_new_tokens=args.max_new_tokens or 256)
+        result = evaluate_model_dir(
+            args.out, test, temperature=1.0, max_new_tokens=args.max_new_tokens or 320
+        )
         (Path(args.out) / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result, indent=2))
     elif args.evaluate or args.eval_only:

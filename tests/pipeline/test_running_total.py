@@ -42,7 +42,7 @@ def test_problems_stay_in_range_and_lengths_are_mixed():
 def test_worked_answer_is_exact_and_rewarded():
     p = Problem(47, (8, -3, 9))
     ans = worked_answer(p)
-    assert ans == "47+8-3+9\n55-3+9\n52+9\n61\n#### 61"
+    assert ans == "47+8=55 -3+9\n55-3=52 +9\n52+9=61\n#### 61"
     assert p.question == "47+8-3+9" and p.total == 61
     assert extract_final_answer(ans) == "61"
     r = gsm8k_reward(ans, "61", 0.1)
@@ -68,8 +68,8 @@ def test_reward_exact_match(response, correct, fmt):
 def test_sloppy_teacher_drops_carries_only():
     rng = random.Random(0)
     p = Problem(47, (8, 1))  # 47+8 carries, then no carry
-    assert worked_answer(p, 1.0, rng) == "47+8+1\n45+1\n46\n#### 46"
-    assert worked_answer(Problem(52, (-3,)), 1.0, rng) == "52-3\n59\n#### 59"  # a forgotten borrow
+    assert worked_answer(p, 1.0, rng) == "47+8=45 +1\n45+1=46\n#### 46"
+    assert worked_answer(Problem(52, (-3,)), 1.0, rng) == "52-3=59\n#### 59"  # a forgotten borrow
     assert worked_answer(Problem(41, (5, -2)), 1.0, rng) == worked_answer(Problem(41, (5, -2)))
     with pytest.raises(ValueError):
         worked_answer(p, 0.5)

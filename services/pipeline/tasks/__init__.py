@@ -20,7 +20,9 @@ BASE_RECIPES: dict[str, dict] = {
         "split_digits": True,
         "vocab_size": 320,
         "max_position_embeddings": 512,
-        "steps": 500,
+        "steps": 2400,
+        "batch_size": 16,
+        "lr": 1.5e-3,
         "prompt_loss_weight": 0.0,  # the prompts are random digits: nothing to learn
         "num_threads": 1,
     },

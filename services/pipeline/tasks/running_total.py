@@ -4,15 +4,16 @@ A problem is a two-digit start and a chain of one-digit additions and subtractio
 in 0..99 (each step's sign is drawn among those that keep it there)::
 
     Question: 47+8-3+9
-    Answer: 47+8-3+9
-    55-3+9
-    52+9
-    61
+    Answer: 47+8=55 -3+9
+    55-3=52 +9
+    52+9=61
     #### 61<|endoftext|>
 
-The response copies the chain, then rewrites it once per operation: the first two terms replaced by their
-sum, the rest copied. Its length grows quadratically with the chain (one token per digit: ~24 tokens for 3
-operations, ~200 for 12). Chain lengths are mixed (most problems have 2-5 operations, some 6-10, a few
+The response works the chain one operation a line: the first two terms, ``=``, their sum, then the rest of
+the chain copied (the next line starts from the sum and the rest's first term). The sum's inputs sit right
+before its ``=`` and the copies are anchored on ``=`` and the space, which a small transformer learns fast.
+Its length grows quadratically with the chain (one token per digit: ~30 tokens for 3 operations, ~200
+for 12). Chain lengths are mixed (most problems have 2-5 operations, some 6-10, a few
 11-14), so response lengths have a long tail (p99 / p50 ~ 5). Each line is mostly a copy of the previous
 one and sibling responses to one prompt repeat each other: a suffix drafter predicts them well.
 
@@ -99,8 +100,7 @@ def generate_problems(n: int, seed: int) -> list[Problem]:
 
 
 def worked_answer(p: Problem, carry_error: float = 0.0, rng: random.Random | None = None) -> str:
-    """The worked answer: the chain, then one line per operation with the first two terms summed and the
-    rest copied, then ``#### <total>``.
+    """The worked answer: one ``a+d=b <rest of the chain>`` line per operation, then ``#### <total>``.
 
     With ``carry_error`` > 0 (needs ``rng``) it is the sloppy teacher's: on a step whose sum has a different
     tens digit than its first term (a carry or a borrow), it keeps that tens digit with this probability
@@ -108,13 +108,13 @@ def worked_answer(p: Problem, carry_error: float = 0.0, rng: random.Random | Non
     """
     if carry_error > 0 and rng is None:
         raise ValueError("carry_error > 0 needs an rng")
-    a = p.start
-    lines = [p.question]
+    a, lines = p.start, []
     for i, d in enumerate(p.ops):
         b = a + d
         if carry_error > 0 and a >= 0 and b >= 0 and b // 10 != a // 10 and rng.random() < carry_error:
             b = (a // 10) * 10 + b % 10
-        lines.append(str(b) + "".join(f"{x:+d}" for x in p.ops[i + 1 :]))
+        rest = "".join(f"{x:+d}" for x in p.ops[i + 1 :])
+        lines.append(f"{a}{d:+d}={b}" + (" " + rest if rest else ""))
         a = b
     return "\n".join(lines) + f"\n#### {a}"
 
