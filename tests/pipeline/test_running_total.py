@@ -99,3 +99,20 @@ def test_task_registry():
     assert BASE_RECIPES["running_total"]["split_digits"] is True
     with pytest.raises(ValueError):
         task_data_dir("nope")
+
+
+def test_base_model_recipe_for_the_task(tmp_path):
+    """The task's recipe (digit-splitting tokenizer, sft.jsonl) through build_base_model, shrunk to seconds."""
+    import json as _json
+
+    from tokenizers import Tokenizer
+
+    from services.pipeline.base_model import build_base_model
+
+    small = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128)
+    recipe = {**BASE_RECIPES["running_total"], "steps": 2, "num_hidden_layers": 1, **small}
+    report = build_base_model(tmp_path, data_dir=DEFAULT_DIR, progress=False, **recipe)
+    assert report["data"]["train_file"] == "sft.jsonl" and report["name"] == "tailspec-running-total-qwen2"
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert tok.encode("47+8=55").tokens == ["4", "7", "+", "8", "=", "5", "5"]
+    assert _json.loads((tmp_path / "recipe.json").read_text())["recipe"]["split_digits"] is True
