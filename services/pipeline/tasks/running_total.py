@@ -28,7 +28,8 @@ seeds:
   (or borrow) on ``carry_error`` (default half) of the steps where the tens digit changes, e.g. ``47+8=45``,
   and then carries on consistently from its wrong total. The base policy imitates it: it has learned the
   format and the one-digit sums, but is unsure exactly where the reasoning is hard. Only a verifier knows
-  which of its two habits is right; RL with the exact-match reward learns to carry.
+  which of its two habits is right; RL with the exact-match reward is meant to learn to carry (not yet
+  shown: in 10-24 GRPO steps of 16 x 8 at lr 4e-5..3e-4 held-out accuracy did not rise).
 
 CLI: ``python -m services.pipeline.tasks.running_total --out data/running_total``.
 """
