@@ -220,6 +220,28 @@ class RayConfig:
     placement_timeout_s: float = 300.0
 
 
+# ---- the task (services/pipeline/tasks) and the held-out evaluation (services/pipeline/evaluation.py)
+@dataclass
+class TaskSection:
+    """``name``: gsm8k | running_total. It picks the data folder when ``data.dir`` is null and the
+    base-model recipe ``model.build_if_missing`` builds (``tailspec base-model --task NAME``)."""
+
+    name: str = "gsm8k"
+
+
+@dataclass
+class EvalSection:
+    """Accuracy on a fixed held-out set (``data.test_file``, its first ``n`` problems), greedy and at
+    ``rollout.temperature``, decoded by the rollout actors with speculation off: before step 1, after every
+    ``every`` steps (0 = none in between) and after the last step."""
+
+    enabled: bool = True
+    every: int = 0
+    n: int = 200
+    sampled: bool = True  # also at the training temperature (one sample per problem)
+    max_new_tokens: int | None = None  # null = rollout.max_new_tokens
+
+
 @dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
@@ -233,6 +255,8 @@ class Config:
     coordinator: CoordinatorSection = field(default_factory=CoordinatorSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     ray: RayConfig = field(default_factory=RayConfig)
+    task: TaskSection = field(default_factory=TaskSection)
+    eval: EvalSection = field(default_factory=EvalSection)
 
 
 def _non_finite(node: Any, prefix: str = "") -> str | None:
@@ -339,6 +363,16 @@ def _validate(cfg: Config) -> None:
             "coordinator.heartbeat_timeout_s",
             cfg.coordinator.heartbeat_timeout_s > cfg.coordinator.heartbeat_interval_s,
             "must be > coordinator.heartbeat_interval_s",
+        ),
+    ]
+    checks += [
+        ("task.name", cfg.task.name in ("gsm8k", "running_total"), "must be gsm8k or running_total"),
+        ("eval.every", cfg.eval.every >= 0, "must be >= 0 (0 = before the first and after the last step)"),
+        ("eval.n", cfg.eval.n >= 1, "must be >= 1"),
+        (
+            "eval.max_new_tokens",
+            cfg.eval.max_new_tokens is None or cfg.eval.max_new_tokens >= 1,
+            "must be >= 1",
         ),
     ]
     for key, ok, why in checks:

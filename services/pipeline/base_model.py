@@ -56,8 +56,11 @@ class BaseModelRecipe:
     """Every hyper-parameter of the base-model recipe (all written to recipe.json)."""
 
     seed: int = 0
+    name: str = "tailspec-gsm8k-tiny-qwen2"
+    train_file: str = "train.jsonl"  # supervised data in the data folder (GSM8K JSONL format)
     # tokenizer
     vocab_size: int = 2048
+    split_digits: bool = False  # one token per digit (arithmetic tasks)
     # architecture (Qwen2)
     hidden_size: int = 192
     num_hidden_layers: int = 4
@@ -125,20 +128,25 @@ def recommended_max_new_tokens(ref_p99: int, factor: float, multiple: int = 64) 
     return int(math.ceil(factor * ref_p99 / multiple) * multiple)
 
 
-def _dataset_files(data_dir: str | os.PathLike | None) -> tuple[Path, Path]:
+def _dataset_files(data_dir: str | os.PathLike | None, train_file: str = "train.jsonl") -> tuple[Path, Path]:
     d = Path(data_dir) if data_dir is not None else default_dataset_dir()
-    return d / "train.jsonl", d / "test.jsonl"
+    return d / train_file, d / "test.jsonl"
 
 
 # --------------------------------------------------------------------------------------------- tokenizer
 
 
-def train_tokenizer(texts: Sequence[str], vocab_size: int):
-    """Byte-level BPE (GPT-2 style pre-tokenization) with ``<|endoftext|>`` as id 0 (EOS and pad)."""
+def train_tokenizer(texts: Sequence[str], vocab_size: int, split_digits: bool = False):
+    """Byte-level BPE (GPT-2 style pre-tokenization) with ``<|endoftext|>`` as id 0 (EOS and pad);
+    ``split_digits``: every digit is a token of its own (as in Qwen2's tokenizer)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split_digits:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -284,7 +292,7 @@ def build_base_model(
         raise ValueError("hidden_size / num_attention_heads must be an integer >= 32 (vLLM CPU head_dim)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    train_path, test_path = _dataset_files(data_dir)
+    train_path, test_path = _dataset_files(data_dir, r.train_file)
     train = load_gsm8k(train_path)
     test = load_gsm8k(test_path) if test_path.is_file() else []
 
@@ -294,7 +302,7 @@ def build_base_model(
     try:
         # ---- tokenizer
         texts = [format_prompt(e.question) + format_response(e.answer) for e in train]
-        tok = train_tokenizer(texts, r.vocab_size)
+        tok = train_tokenizer(texts, r.vocab_size, r.split_digits)
         save_tokenizer(tok, out, r.max_position_embeddings)
         t_tok = time.time() - t_start
         encoded = _encode_examples(tok, train, r.max_position_embeddings)
@@ -373,7 +381,7 @@ def build_base_model(
     import transformers
 
     report = {
-        "name": "tailspec-gsm8k-tiny-qwen2",
+        "name": r.name,
         "recipe": asdict(r),
         "architecture": "Qwen2ForCausalLM",
         "head_dim": r.hidden_size // r.num_attention_heads,
@@ -541,12 +549,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m services.pipeline.base_model", description=__doc__.split("\n")[0]
     )
     ap.add_argument("--out", required=True, help="output model folder")
-    ap.add_argument(
-        "--data-dir", default=None, help="GSM8K folder (default: $TAILSPEC_DATA_DIR or data/gsm8k)"
-    )
+    ap.add_argument("--task", default="gsm8k", help="gsm8k | running_total (services/pipeline/tasks)")
+    ap.add_argument("--data-dir", default=None, help="data folder (default: the task's; GSM8K: data/gsm8k)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=BaseModelRecipe.steps)
-    ap.add_argument("--vocab-size", type=int, default=BaseModelRecipe.vocab_size)
+    ap.add_argument("--steps", type=int, default=None, help="default: the task recipe's")
+    ap.add_argument("--vocab-size", type=int, default=None, help="default: the task recipe's")
     ap.add_argument("--evaluate", action="store_true", help="also evaluate and write eval.json")
     ap.add_argument("--eval-only", action="store_true", help="only evaluate the existing --out folder")
     ap.add_argument("--eval-n", type=int, default=200)
@@ -554,16 +561,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
 
+    from services.pipeline.tasks import BASE_RECIPES, check_task, task_data_dir
+
     progress = not args.no_progress
+    task = check_task(args.task)
+    data_dir = args.data_dir or task_data_dir(task)
+    recipe = dict(BASE_RECIPES[task])
+    recipe.update(
+        {k: v for k, v in (("steps", args.steps), ("vocab_size", args.vocab_size)) if v is not None}
+    )
     if not args.eval_only:
-        report = build_base_model(
-            args.out,
-            args.data_dir,
-            seed=args.seed,
-            vocab_size=args.vocab_size,
-            steps=args.steps,
-            progress=progress,
-        )
+        report = build_base_model(args.out, data_dir, seed=args.seed, progress=progress, **recipe)
         summary = {
             k: report[k]
             for k in ("num_parameters", "model_and_tokenizer_bytes", "recommended_max_new_tokens")
@@ -572,7 +580,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             {k: report["training"][k] for k in ("train_seconds", "final_loss", "tokens_per_second")}
         )
         print(json.dumps(summary, indent=2))
-    if args.evaluate or args.eval_only:
+    if (args.evaluate or args.eval_only) and task != "gsm8k":  # held-out accuracy, greedy and sampled
+        from services.pipeline.evaluation import evaluate_model_dir
+
+        test = load_gsm8k(Path(data_dir) / "test.jsonl")[: args.eval_n]
+        result = evaluate_model_dir(
+            args.out, test, temperature=1.0, max_new_tokens=args.max_new_tokens or 320
+        )
+        (Path(args.out) / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result, indent=2))
+    elif args.evaluate or args.eval_only:
         result = evaluate_base_model(
             args.out,
             args.data_dir,

@@ -91,7 +91,8 @@ def _actor_error(e: Exception) -> str:
 def cmd_base_model(args) -> int:
     from services.pipeline.base_model import main as base_main
 
-    argv = ["--out", args.out, "--seed", str(args.seed)] + (["--evaluate"] if args.evaluate else [])
+    argv = ["--out", args.out, "--seed", str(args.seed), "--task", args.task]
+    argv += ["--evaluate"] if args.evaluate else []
     return int(base_main(argv) or 0)
 
 
@@ -113,9 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     t.add_argument("overrides", nargs="*", help="dotted.key=value config overrides, e.g. trainer.steps=2")
     t.set_defaults(fn=cmd_train)
-    b = sub.add_parser("base-model", help="build the embedded default policy (tokenizer + SFT on GSM8K)")
+    b = sub.add_parser(
+        "base-model", help="build a task's base policy (tokenizer + SFT), e.g. --task running_total"
+    )
     b.add_argument("--out", required=True)
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--task", default="gsm8k", help="gsm8k | running_total (the recipe and its data)")
     b.add_argument("--evaluate", action="store_true", help="also report format rate and length quantiles")
     b.set_defaults(fn=cmd_base_model)
     sub.add_parser("status", help="ask the coordinator over gRPC for workers, states, versions and the step")

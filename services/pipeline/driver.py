@@ -75,9 +75,10 @@ def resolve_model(cfg: Config, log=print) -> Path:
         if not cfg.model.build_if_missing:
             raise PreflightError(f"model directory {path} does not exist (model.build_if_missing is false)")
         from services.pipeline.base_model import build_base_model
+        from services.pipeline.tasks import BASE_RECIPES
 
         log(f"building the embedded default policy into {path} (first use; a few minutes)")
-        build_base_model(path, data_dir=cfg.data.dir, seed=cfg.run.seed)
+        build_base_model(path, data_dir=data_dir(cfg), seed=cfg.run.seed, **BASE_RECIPES[cfg.task.name])
     check_model_dir(path)
     return path
 
@@ -205,8 +206,15 @@ def check_cpus(cfg: Config) -> None:
             )
 
 
+def data_dir(cfg: Config) -> Path:
+    """``data.dir``, else the task's folder (GSM8K: $TAILSPEC_DATA_DIR or data/gsm8k)."""
+    from services.pipeline.tasks import task_data_dir
+
+    return Path(cfg.data.dir) if cfg.data.dir else (task_data_dir(cfg.task.name) or default_dataset_dir())
+
+
 def load_data(cfg: Config) -> list[GSM8KExample]:
-    d = Path(cfg.data.dir) if cfg.data.dir else default_dataset_dir()
+    d = data_dir(cfg)
     data = load_gsm8k(d / cfg.data.train_file)
     if not data:
         raise PreflightError(f"{d / cfg.data.train_file}: the dataset holds no examples")
@@ -259,6 +267,11 @@ class RLDriver:
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_file(str(self.model_path / "tokenizer.json"))
+        from services.pipeline.evaluation import RunEvaluator
+
+        self.evaluator = RunEvaluator(
+            cfg, self.tokenizer, data_dir(cfg)
+        )  # loads the held-out set (preflight)
         self.run_dir = Path(run_dir) if run_dir else resolve_path(cfg.run.runs_dir) / new_run_id(cfg.run.name)
         check_run_dir(self.run_dir, resume)
         check_cpus(cfg)
@@ -590,8 +603,17 @@ class RLDriver:
             if ckpt_state:
                 self._restore(*ckpt_state)
             progress = _Progress(self.console, cfg.trainer.steps)
+            initial = (  # the held-out evaluation before step 1 (a resumed run has it in step 1's row)
+                self.evaluator.evaluate(self.plane.rollout, 0, self.log)
+                if self.evaluator.enabled and done == 0
+                else {}
+            )
             for step in range(done + 1, cfg.trainer.steps + 1):
                 row = self.step(step)
+                if step == 1 and initial:
+                    row["eval_initial"] = initial["eval"]
+                if self.evaluator.due(step):
+                    row.update(self.evaluator.evaluate(self.plane.rollout, row["policy_version"], self.log))
                 writer.append_metrics(row)
                 self._export_metrics(row)
                 self.rows.append(row)
@@ -616,10 +638,11 @@ class RLDriver:
             self.lengths_per_step, self.run_dir / "plots" / "response_length.png", cfg.rollout.max_new_tokens
         )
         plot_curves(
-            self.rows,
-            ["reward_mean", "accuracy", "response_len_mean", "rollout_seconds"],
+            self.evaluator.plot_rows(self.rows),
+            ["reward_mean", "accuracy", "response_len_mean", "rollout_seconds"]
+            + (["eval_accuracy", "eval_accuracy_sampled"] if self.evaluator.history else []),
             self.run_dir / "plots" / "training_curves.png",
-            "GRPO on GSM8K",
+            f"GRPO: {cfg.run.name}",
         )
         if self._timeline is not None:
             from services.spot_trainer.bubbles import plot_worker_timeline
@@ -743,19 +766,17 @@ class RLDriver:
             "step_seconds_total": sum(r["step_seconds"] for r in rows),
             "tokens_generated_total": sum(r["tokens_generated"] for r in rows),
             "response_len_max": max(r["response_len_max"] for r in rows),
-            "response_len_p99_over_p50": _tail_ratio([n for lens in self.lengths_per_step for n in lens]),
+            **length_stats([n for lens in self.lengths_per_step for n in lens], "response_len_run_"),
             "rollout_share_of_step": sum(r["rollout_seconds"] for r in rows)
             / max(sum(r["step_seconds"] for r in rows), 1e-9),
             "wall_seconds": wall,
             "policy_version": rows[-1]["policy_version"],
             "base_model": str(self.model_path),
-            "dataset": str(
-                (Path(self.cfg.data.dir) if self.cfg.data.dir else default_dataset_dir())
-                / self.cfg.data.train_file
-            ),
+            "dataset": str(data_dir(self.cfg) / self.cfg.data.train_file),
             "checkpoint": str(ckpt) if ckpt else None,
             "metrics_endpoint": self.metrics_endpoint,
             "coordinator_address": self.coordinator_address,
+            **self.evaluator.summary(),
             **self._spec_summary(),
             **self._tuner_summary(),
             **self._bubble_summary(),
@@ -850,14 +871,6 @@ class _SignalFlag:
     def restore(self) -> None:
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
-
-
-def _tail_ratio(lengths: list[int]) -> float | None:
-    """p99 / p50 of the run's response lengths (how long the rollouts' tail is); None without responses."""
-    if not lengths:
-        return None
-    p50, p99 = np.percentile(lengths, [50, 99])
-    return float(p99 / max(p50, 1.0))
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> None:

@@ -75,15 +75,20 @@ def _jsonable(o):
     raise TypeError(f"not JSON serializable: {type(o)}")
 
 
-def length_stats(lengths: list[int]) -> dict:
+def length_stats(lengths: list[int], prefix: str = "response_len_") -> dict:
+    """Mean, p50, p90, p99, max of response lengths; with another ``prefix`` (the run's pooled lengths in
+    summary.json) also ``tail_ratio`` = p99 / p50."""
     a = np.asarray(lengths, dtype=float) if lengths else np.zeros(1)
-    return {
-        "response_len_mean": float(a.mean()),
-        "response_len_p50": float(np.percentile(a, 50)),
-        "response_len_p90": float(np.percentile(a, 90)),
-        "response_len_p99": float(np.percentile(a, 99)),
-        "response_len_max": int(a.max()),
+    out = {
+        f"{prefix}mean": float(a.mean()),
+        f"{prefix}p50": float(np.percentile(a, 50)),
+        f"{prefix}p90": float(np.percentile(a, 90)),
+        f"{prefix}p99": float(np.percentile(a, 99)),
+        f"{prefix}max": int(a.max()),
     }
+    if prefix != "response_len_":
+        out[f"{prefix}tail_ratio"] = out[f"{prefix}p99"] / max(out[f"{prefix}p50"], 1e-9)
+    return out
 
 
 def plot_response_lengths(
@@ -125,9 +130,9 @@ def plot_curves(rows: list[dict], keys: list[str], path: Path, title: str) -> No
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(keys), figsize=(3.6 * len(keys), 3), squeeze=False)
-    steps = [r["step"] for r in rows]
-    for ax, k in zip(axes[0], keys):
-        ax.plot(steps, [r.get(k, np.nan) for r in rows], marker="o")
+    for ax, k in zip(axes[0], keys):  # a key missing from some rows (evaluations): its points joined
+        pts = [(r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float))]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
         ax.set_title(k, fontsize=9)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)

@@ -647,5 +647,22 @@ class RolloutWorker:
         out["tau"] = aggregate(spec_outs)["acceptance_length_mean"]
         return out
 
+    def evaluate(self, requests: list[RolloutRequest], temperature: float, max_new_tokens: int) -> list:
+        """Decode ``requests`` at ``temperature`` (0 = greedy) with speculation off, for held-out evaluation:
+        the drafters' history, the tuner and the counters never see them. Returns the outputs in order."""
+        with self._busy:
+            self._apply_pending()
+            p = dict(temperature=temperature, top_p=self.sampling["top_p"], top_k=self.sampling["top_k"])
+            reqs = [
+                GenerationRequest(
+                    r.request_id,
+                    r.prompt_ids,
+                    SamplingParams(**p, max_new_tokens=max_new_tokens, seed=r.seed),
+                    r.problem_id,
+                )
+                for r in requests
+            ]
+            return self._new_engine({}, FixedStrategy(Strategy())).generate(reqs) if reqs else []
+
     def ping(self) -> int:
         return self.worker_id
