@@ -68,7 +68,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3)")
     ap.add_argument("--arms", type=_names, default=None, help="fixed arms (default: all of FIXED_ARMS)")
-    ap.add_argument("--warm-passes", type=int, default=1, help="passes over the warm-up problems")
+    ap.add_argument(
+        "--warm-passes",
+        type=int,
+        default=3,
+        help="passes over the warm-up problems (a long run's tuner has seen many steps; one pass leaves its "
+        "large-batch buckets unsettled)",
+    )
     ap.add_argument("--longtail-batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1, help="torch threads on CPU")
     ap.add_argument("--seed", type=int, default=0)
@@ -121,6 +127,7 @@ def run(args: argparse.Namespace) -> dict:
             "traces": str(workload.TRACES.relative_to(REPO)),
             "problems": len(rows),
             "warm_problems": len(warm_rows),
+            "warm_passes": args.warm_passes,
             "group": workload.GROUP,
             "history_epoch": workload.HISTORY_EPOCH,
             "measured_epoch": workload.MEASURED_EPOCH,

@@ -129,8 +129,9 @@ def check_bind(host: str, token: str | None, tls: TlsConfig | None) -> None:
 
 
 def new_token() -> str:
-    """A fresh per-run secret (256 bits, URL-safe text)."""
-    return secrets.token_urlsafe(32)
+    """A fresh per-run secret: 256 bits of URL-safe text, never starting with ``-`` (``tailspec status
+    --token <token>`` would read that as an option)."""
+    return "ts" + secrets.token_urlsafe(32)
 
 
 def require_token(token: str | None, what: str) -> str:
