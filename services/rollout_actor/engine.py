@@ -162,6 +162,7 @@ class VerifyBatch:
     depths: list[list[int]]  # [B][N+1] output-position offset of each input row (root 0, node = its depth)
     positions: torch.Tensor | None  # [B, N+1] rotary positions (trees only; None: base + arange)
     mask: torch.Tensor | None  # [B, N+1, N+1] bool attention among the new tokens (trees only; None: causal)
+    sampling: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # ([B] temperature, [B] top-k, [B] top-p)
 
 
 def _truncated(d: DraftTree, k: int) -> DraftTree:
@@ -656,7 +657,8 @@ class Engine:
                 mask_rows.append(m)
             pos = base.unsqueeze(1) + torch.tensor(depth_rows, device=dev)
             mask = torch.tensor(mask_rows, device=dev)
-        return VerifyBatch(rows, strategies, drafts, n, slots, base, id_rows, depth_rows, pos, mask)
+        sampling = self._params_tensors(rows)
+        return VerifyBatch(rows, strategies, drafts, n, slots, base, id_rows, depth_rows, pos, mask, sampling)
 
     def _fit_drafts(self, drafts: list[DraftTree], base: torch.Tensor) -> list[DraftTree]:
         """Cut drafts so that every row's N + 1 written positions fit its slot (``base [B]``: committed
@@ -687,7 +689,7 @@ class Engine:
         """``[B, N+1, V]`` processed target distribution of every input row (temperature, top-k, top-p); a
         replay row's is the point mass on its trace's token at that row's output position (module docstring)."""
         b, n = len(batch.rows), batch.n
-        temp, top_k, top_p = self._params_tensors(batch.rows)
+        temp, top_k, top_p = batch.sampling
         probs = processed_probs(
             logits,
             temp.view(-1, 1).expand(b, n + 1),
@@ -727,7 +729,7 @@ class Engine:
                 u[i, :k] = seg
             else:
                 u[i, :k] = torch.rand(k, generator=r.gen)
-        greedy = torch.tensor([r.req.params.temperature <= 0 for r in rows])
+        greedy = batch.sampling[0] <= 0
         res = verify_tree(probs, drafts, u, greedy=greedy, coupled=True)
         return res.next_token.tolist(), res.accepted_nodes
 
@@ -743,7 +745,7 @@ class Engine:
         flat_b = torch.tensor([i for i, ri in enumerate(rows_idx) for _ in ri], device=dev)
         flat_r = torch.tensor([x for ri in rows_idx for x in ri], device=dev)
         flat_t = torch.tensor([x for t in toks for x in t], device=dev)
-        temp = self._params_tensors(rows)[0]
+        temp = batch.sampling[0]
         lp_flat = self._logprobs(out.logits[flat_b, flat_r], temp[flat_b]).gather(-1, flat_t.unsqueeze(-1))
         lp_flat = lp_flat.squeeze(-1).tolist()
         # KV: keep root + accepted nodes. A path 0, 1, 2, ... is already in place (the common case: only the

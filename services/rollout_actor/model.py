@@ -522,9 +522,8 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
 
 
-def init_weights(model: Transformer, seed: int = 0, std: float = 0.02) -> Transformer:
-    """Normal(0, std) init of linear/embedding weights (biases zero, norms one), seeded."""
-    g = torch.Generator().manual_seed(seed)
+def fill_weights(model: Transformer, fill_normal) -> Transformer:
+    """Norms one, biases zero, every other parameter ``fill_normal(p)`` (in place), without autograd."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -532,8 +531,14 @@ def init_weights(model: Transformer, seed: int = 0, std: float = 0.02) -> Transf
             elif name.endswith("bias"):
                 p.zero_()
             else:
-                p.copy_(torch.randn(p.shape, generator=g) * std)
+                fill_normal(p)
     return model
+
+
+def init_weights(model: Transformer, seed: int = 0, std: float = 0.02) -> Transformer:
+    """Normal(0, std) init of linear/embedding weights (biases zero, norms one), seeded; drawn on the host."""
+    g = torch.Generator().manual_seed(seed)
+    return fill_weights(model, lambda p: p.copy_(torch.randn(p.shape, generator=g) * std))
 
 
 __all__ = [
@@ -542,6 +547,7 @@ __all__ = [
     "Transformer",
     "ForwardOutput",
     "ModelLoadError",
+    "fill_weights",
     "init_weights",
     "rope_cos_sin",
 ]

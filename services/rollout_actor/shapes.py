@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from services.rollout_actor.model import ModelConfig, Transformer
+from services.rollout_actor.model import ModelConfig, Transformer, fill_weights
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = "tiny"
@@ -125,15 +125,7 @@ def build_model(
     if cfg.tie_word_embeddings:  # to_empty gives every module its own tensor: tie again
         model.lm_head.weight = model.model.embed_tokens.weight
     gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            elif name.endswith("bias"):
-                p.zero_()
-            else:
-                p.normal_(0.0, 0.02, generator=gen)
-    return model.eval()
+    return fill_weights(model, lambda p: p.normal_(0.0, 0.02, generator=gen)).eval()
 
 
 __all__ = [
