@@ -49,7 +49,6 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import torch
 
@@ -62,6 +61,13 @@ from services.rollout_actor.cuda_graphs import (
     kv_len_buckets,
 )
 from services.rollout_actor.model import Transformer
+from services.rollout_actor.requests import (
+    GenerationRequest,
+    RequestOutput,
+    RunningRequest,
+    SamplingParams,
+    StepRecord,
+)
 from services.rollout_actor.sampling import processed_probs, sample_from_probs
 from services.rollout_actor.speculative.base import Drafter, DraftRequest, DraftTree
 from services.rollout_actor.speculative.strategy import (
@@ -74,116 +80,13 @@ from services.rollout_actor.speculative.strategy import (
     StrategySelector,
 )
 from services.rollout_actor.speculative.verify import verify_tree
-
-
-@dataclass
-class SamplingParams:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 256
-    stop: tuple[str, ...] = ()  # stop strings (need a tokenizer); the stop string stays in the text
-    seed: int | None = None
-
-
-@dataclass
-class GenerationRequest:
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams = field(default_factory=SamplingParams)
-    problem_id: str = ""  # responses to the same prompt share it (suffix-tree history, length classes)
-    # trace replay: emit exactly these token ids, then EOS (module docstring); None = sample from the policy
-    reference: list[int] | None = None
-
-
-@dataclass
-class RequestTimings:
-    """Seconds since the ``generate`` call started (or the engine's clock origin)."""
-
-    arrival_s: float = 0.0
-    first_token_s: float = 0.0
-    finish_s: float = 0.0
-    decode_steps: int = 0  # verify steps this request took part in
-
-
-@dataclass
-class SpecCounters:
-    drafted: int = 0
-    accepted: int = 0
-    verify_steps: int = 0  # steps with a non-empty draft
-    accepted_by_position: list[int] = field(default_factory=list)  # accepted count per draft depth
-    drafted_by_position: list[int] = field(default_factory=list)
-    drafter_counts: dict[str, list[int]] = field(default_factory=dict)  # name -> [drafted, accepted]
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    problem_id: str
-    prompt_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-    timings: RequestTimings
-    spec: SpecCounters
-    text: str | None = None
-
-
-@dataclass
-class StepRecord:
-    t_start: float  # seconds since clock origin
-    seconds: float
-    batch_size: int
-    strategy: str
-    committed: int
-    drafted: int
-    accepted: int
-    draft_seconds: float
-    capture_seconds: float = 0.0  # part of ``seconds`` spent capturing CUDA graphs (one-off; not observed)
-    leased: bool = False  # a plain step played under the selector's ``Lease``: neither chosen nor observed
-    # the process's CPU time over ``seconds`` (``Engine(cpu_clock=True)`` only)
-    cpu_seconds: float | None = None
-
-
-@dataclass
-class VerifyBatch:
-    """One verify forward's inputs: B running requests (slot order), N = the longest draft (0: a plain step).
-
-    Input row 0 of request b is its root (last sampled token, not yet in the KV cache), rows 1..len(draft) its
-    draft nodes, the rest padding (token 0, causal)."""
-
-    rows: list[_Running]  # [B]
-    strategies: list[Strategy]  # [B]
-    drafts: list[DraftTree]  # [B], each with <= N nodes
-    n: int  # N
-    slots: torch.Tensor  # [B] long (device): each request's KV-cache slot
-    base: torch.Tensor  # [B] long (device): committed cache length of each slot
-    id_rows: list[list[int]]  # [B][N+1] input token ids
-    depths: list[list[int]]  # [B][N+1] output-position offset of each input row (root 0, node = its depth)
-    positions: torch.Tensor | None  # [B, N+1] rotary positions (trees only; None: base + arange)
-    mask: torch.Tensor | None  # [B, N+1, N+1] bool attention among the new tokens (trees only; None: causal)
-    sampling: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # ([B] temperature, [B] top-k, [B] top-p)
-
-
-def _truncated(d: DraftTree, k: int) -> DraftTree:
-    """The first ``k`` nodes of a draft (a tree again: parents precede their children)."""
-    probs = d.probs[:k] if d.probs is not None else None
-    return DraftTree(d.tokens[:k], d.parents[:k], probs, d.iid_siblings, d.score)
-
-
-@dataclass
-class _Running:
-    req: GenerationRequest
-    slot: int
-    gen: torch.Generator
-    u_pos: torch.Tensor  # [max_new_tokens + 1] uniform of each output position (coupled sampling)
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    root: int = -1  # last sampled token, not yet in the KV cache
-    hidden: torch.Tensor | None = None  # target hidden state(s) of the position that produced ``root``
-    timings: RequestTimings = field(default_factory=RequestTimings)
-    spec: SpecCounters = field(default_factory=SpecCounters)
-    finish_reason: str | None = None
+from services.rollout_actor.verify_step import (
+    VerifyBatch,
+    build_verify_batch,
+    fit_drafts,
+    point_masses,
+    record_spec,
+)
 
 
 class Engine:
@@ -274,7 +177,7 @@ class Engine:
             self.graphed = GraphedForward(model, self.cache, max_batch_size, pool, self.hidden_layers)
         self.free_slots: list[int] = list(range(max_batch_size - 1, -1, -1))
         self.waiting: deque[tuple[GenerationRequest, float]] = deque()
-        self.running: list[_Running] = []
+        self.running: list[RunningRequest] = []
         self.step_log: list[StepRecord] = []
         self.clock_origin = time.perf_counter()
         # prompt sharing: which prompt each slot's KV rows [0, len(prompt)) hold (running or freed, until the
@@ -401,14 +304,14 @@ class Engine:
         return slot
 
     def _admit(self) -> list[RequestOutput]:
-        new: list[_Running] = []
+        new: list[RunningRequest] = []
         keys: list[tuple[int, ...]] = []
         while self.waiting and self.free_slots:
             req, arrival = self.waiting.popleft()
             gen = self._new_generator(req)
             u_pos = torch.rand(req.params.max_new_tokens + 1, generator=gen)
             key = tuple(req.prompt_ids)
-            r = _Running(req=req, slot=self._take_slot(key), gen=gen, u_pos=u_pos)
+            r = RunningRequest(req=req, slot=self._take_slot(key), gen=gen, u_pos=u_pos)
             r.timings.arrival_s = arrival
             new.append(r)
             keys.append(key)
@@ -483,7 +386,7 @@ class Engine:
         picked = [h.gather(1, idx).squeeze(1) for h in hs]
         return picked[0] if len(picked) == 1 else torch.stack(picked, 1)
 
-    def _params_tensors(self, rows: list[_Running]):
+    def _params_tensors(self, rows: list[RunningRequest]):
         dev = self.device
         temp = torch.tensor([r.req.params.temperature for r in rows], dtype=torch.float32, device=dev)
         top_k = torch.tensor([r.req.params.top_k for r in rows], dtype=torch.long, device=dev)
@@ -494,19 +397,19 @@ class Engine:
         t = torch.where(temp > 0, temp, torch.ones_like(temp))
         return torch.log_softmax(logits.float() / t.view(-1, *([1] * (logits.dim() - 1))), dim=-1)
 
-    def _sample_rows(self, logits: torch.Tensor, rows: list[_Running]):
+    def _sample_rows(self, logits: torch.Tensor, rows: list[RunningRequest]):
         temp, top_k, top_p = self._params_tensors(rows)
         probs = processed_probs(logits, temp, top_k, top_p)
         replay = [i for i, r in enumerate(rows) if r.req.reference is not None]
         if replay:
             targets = [[self._reference_token(rows[i], len(rows[i].tokens))] for i in replay]
-            self._point_masses(probs.unsqueeze(1), replay, targets)
+            point_masses(probs.unsqueeze(1), replay, targets)
         u = torch.stack([r.u_pos[len(r.tokens)] for r in rows]).to(self.device)
         tok = sample_from_probs(probs, u)
         lp = self._logprobs(logits, temp).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
         return tok, lp
 
-    def _commit(self, r: _Running, tokens: list[int], logps: list[float]) -> None:
+    def _commit(self, r: RunningRequest, tokens: list[int], logps: list[float]) -> None:
         """Append newly committed tokens, applying EOS / stop-string / length stops."""
         p = r.req.params
         for tok, lp in zip(tokens, logps):
@@ -523,12 +426,12 @@ class Engine:
                 break
         r.root = r.tokens[-1]
 
-    def _hit_stop(self, r: _Running) -> bool:
+    def _hit_stop(self, r: RunningRequest) -> bool:
         longest = max(len(s) for s in r.req.params.stop)
         tail = self.tokenizer.decode(r.tokens[-(longest + 8) :])
         return any(s in tail for s in r.req.params.stop)
 
-    def _finish(self, r: _Running) -> RequestOutput:
+    def _finish(self, r: RunningRequest) -> RequestOutput:
         r.timings.finish_s = self.now()
         self.running.remove(r)
         self.free_slots.append(r.slot)
@@ -599,7 +502,7 @@ class Engine:
         return finished
 
     def _propose_step(
-        self, rows: list[_Running]
+        self, rows: list[RunningRequest]
     ) -> tuple[Lease | None, bool, list[Strategy], list[DraftTree]]:
         """The step's strategies and drafts: under the selector's lease a plain step, not asked (strategy.py:
         leases; ``sampled``: the lease times this step for the selector); else ``selector.choose`` then
@@ -625,52 +528,15 @@ class Engine:
         return None, False, strategies, self._propose(rows, dreqs, strategies)
 
     def _build_verify_batch(
-        self, rows: list[_Running], strategies: list[Strategy], drafts: list[DraftTree]
+        self, rows: list[RunningRequest], strategies: list[Strategy], drafts: list[DraftTree]
     ) -> VerifyBatch:
-        """Inputs of the verify forward: each row's root (last sampled token, not yet cached) then its draft
-        nodes, padded to the longest draft + 1. Every row writes N + 1 cache positions; the cache has
-        ``draft_headroom`` positions past ``max_seq_len`` for them, and a draft that would still overflow some
-        row's slot is cut to fit (``_fit_drafts``). Chains (and padding) need no mask or positions: causal
-        order is their tree order."""
-        dev = self.device
-        slots = torch.tensor([r.slot for r in rows], device=dev)
+        """Inputs of the verify forward (``verify_step.py``), padded to the longest draft + 1. Every row writes
+        N + 1 cache positions; the cache has ``draft_headroom`` positions past ``max_seq_len`` for them, and a
+        draft that would still overflow some row's slot is cut to fit (``fit_drafts``)."""
+        slots = torch.tensor([r.slot for r in rows], device=self.device)
         base = self.cache.lengths[slots]
-        drafts = self._fit_drafts(drafts, base)
-        n = max((len(d) for d in drafts), default=0)
-        for r, d in zip(rows, drafts):
-            if d.probs is not None and r.req.reference is not None:
-                raise ValueError(
-                    f"request {r.req.request_id!r}: trace replay takes deterministic drafts only; a sampled "
-                    "draft's acceptance depends on the target distribution, which replay replaces"
-                )
-        id_rows = [[r.root, *d.tokens] + [0] * (n - len(d)) for r, d in zip(rows, drafts)]
-        depth_rows = [[0, *d.depths()] + list(range(len(d) + 1, n + 1)) for d in drafts]
-        pos = mask = None
-        if any(len(d) > 1 and not d.is_chain() for d in drafts):
-            mask_rows = []
-            for d in drafts:
-                m = [[c == 0 or c == j for c in range(n + 1)] for j in range(n + 1)]
-                for j, par in enumerate(d.parents):
-                    m[j + 1] = [x or y for x, y in zip(m[j + 1], m[par + 1])]
-                for j in range(len(d) + 1, n + 1):  # padding: causal, like a chain
-                    m[j] = [c <= j for c in range(n + 1)]
-                mask_rows.append(m)
-            pos = base.unsqueeze(1) + torch.tensor(depth_rows, device=dev)
-            mask = torch.tensor(mask_rows, device=dev)
-        sampling = self._params_tensors(rows)
-        return VerifyBatch(rows, strategies, drafts, n, slots, base, id_rows, depth_rows, pos, mask, sampling)
-
-    def _fit_drafts(self, drafts: list[DraftTree], base: torch.Tensor) -> list[DraftTree]:
-        """Cut drafts so that every row's N + 1 written positions fit its slot (``base [B]``: committed
-        lengths). A tree cut to its first k nodes is still a tree (parents precede children)."""
-        longest = max((len(d) for d in drafts), default=0)
-        if not longest:
-            return drafts
-        room = self.cache.max_len - int(base.max()) - 1
-        if longest <= room:
-            return drafts
-        room = max(0, room)
-        return [d if len(d) <= room else _truncated(d, room) for d in drafts]
+        drafts = fit_drafts(drafts, base, self.cache.max_len)
+        return build_verify_batch(rows, strategies, drafts, slots, base, self._params_tensors(rows))
 
     def _forward(self, batch: VerifyBatch):
         ids = torch.tensor(batch.id_rows, device=self.device)
@@ -705,7 +571,7 @@ class Engine:
                 ]
                 for i in replay
             ]
-            self._point_masses(probs, replay, targets)
+            point_masses(probs, replay, targets)
         return probs
 
     def _verify(self, batch: VerifyBatch, probs: torch.Tensor) -> tuple[list[int], list[list[int]]]:
@@ -784,8 +650,7 @@ class Engine:
                         [batch.id_rows[i][j] for j in ri],
                         hid[i, ri],
                     )
-            if len(d):
-                self._record_spec(r, d, s, len(path))
+            record_spec(r.spec, d, s.drafter, len(path))
             r.timings.decode_steps += 1
             before = len(r.tokens)
             self._commit(r, tk, lps)
@@ -798,21 +663,10 @@ class Engine:
                 finished.append(self._finish(r))
         return finished, committed, drafted, accepted
 
-    def _reference_token(self, r: _Running, t: int) -> int:
+    def _reference_token(self, r: RunningRequest, t: int) -> int:
         """The token a replay request emits at output position ``t``: its trace's, then EOS."""
         ref = r.req.reference
         return ref[t] if t < len(ref) else self.replay_eos
-
-    def _point_masses(self, probs: torch.Tensor, rows: list[int], targets: list[list[int]]) -> None:
-        """In place: ``probs[rows[j], k]`` := the point mass on ``targets[j][k]`` (``probs [B, R, V]``)."""
-        idx_b = [i for i, tg in zip(rows, targets) for _ in tg]
-        idx_r = [k for tg in targets for k in range(len(tg))]
-        idx_t = [x for tg in targets for x in tg]
-        dev = probs.device
-        probs[torch.tensor(rows, device=dev)] = 0
-        probs[
-            torch.tensor(idx_b, device=dev), torch.tensor(idx_r, device=dev), torch.tensor(idx_t, device=dev)
-        ] = 1
 
     def _drafters_of(self, s: Strategy) -> list[Drafter]:
         if s.is_off:
@@ -821,7 +675,7 @@ class Engine:
         return [d] if d is not None else []
 
     def _propose(
-        self, rows: list[_Running], dreqs: list[DraftRequest], strategies: list[Strategy]
+        self, rows: list[RunningRequest], dreqs: list[DraftRequest], strategies: list[Strategy]
     ) -> list[DraftTree]:
         drafts: list[DraftTree] = [DraftTree() for _ in rows]
         groups: dict[tuple, list[int]] = {}
@@ -847,25 +701,6 @@ class Engine:
             for i, tree in zip(idx, drafter.propose([dreqs[i] for i in idx], budgets, width, depth)):
                 drafts[i] = tree
         return drafts
-
-    def _record_spec(self, r: _Running, d: DraftTree, s: Strategy, accepted: int) -> None:
-        if not len(d):
-            return
-        sp = r.spec
-        sp.drafted += len(d)
-        sp.accepted += accepted
-        sp.verify_steps += 1
-        depth = max(d.depths())
-        while len(sp.drafted_by_position) < depth:
-            sp.drafted_by_position.append(0)
-            sp.accepted_by_position.append(0)
-        for k in range(depth):
-            sp.drafted_by_position[k] += 1
-        for k in range(accepted):
-            sp.accepted_by_position[k] += 1
-        c = sp.drafter_counts.setdefault(s.drafter, [0, 0])
-        c[0] += len(d)
-        c[1] += accepted
 
 
 def _main(argv=None) -> None:

@@ -1,4 +1,4 @@
-"""The hidden state the engine keeps per request (``_Running.hidden``, what the learned drafter reads next) is
+"""The hidden state the engine keeps per request (``RunningRequest.hidden``, what the learned drafter reads next) is
 the target's state after the request's last committed token, whatever the draft accepted this step: checked
 against an independent teacher-forced forward of prompt + committed tokens, for one kept layer (``[H]``) and
 several (``[k, H]``), with rows of one batch accepting different numbers of draft tokens."""

@@ -1,0 +1,128 @@
+"""The verify step's inputs and bookkeeping: a batch of drafts laid out for one target forward.
+
+``build_verify_batch`` lays out B running requests' drafts (chains or trees) as one ``[B, N + 1]`` input:
+row 0 of request b is its root (the last sampled token, not yet in the KV cache), rows 1..len(draft) its draft
+nodes in tree order, the rest padding (token 0, causal). Trees get per-row rotary positions (a node's depth)
+and an ancestor attention mask; chains and padding need neither (causal order is their tree order).
+``fit_drafts`` cuts drafts so that no row writes past its KV-cache slot. ``point_masses`` writes the trace
+replay targets; ``record_spec`` counts a verified draft in a request's ``SpecCounters``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from services.rollout_actor.requests import RunningRequest, SpecCounters
+from services.rollout_actor.speculative.base import DraftTree
+from services.rollout_actor.speculative.strategy import Strategy
+
+
+@dataclass
+class VerifyBatch:
+    """One verify forward's inputs: B running requests (slot order), N = the longest draft (0: a plain step).
+
+    Input row 0 of request b is its root (last sampled token, not yet in the KV cache), rows 1..len(draft) its
+    draft nodes, the rest padding (token 0, causal)."""
+
+    rows: list[RunningRequest]  # [B]
+    strategies: list[Strategy]  # [B]
+    drafts: list[DraftTree]  # [B], each with <= N nodes
+    n: int  # N
+    slots: torch.Tensor  # [B] long (device): each request's KV-cache slot
+    base: torch.Tensor  # [B] long (device): committed cache length of each slot
+    id_rows: list[list[int]]  # [B][N+1] input token ids
+    depths: list[list[int]]  # [B][N+1] output-position offset of each input row (root 0, node = its depth)
+    positions: torch.Tensor | None  # [B, N+1] rotary positions (trees only; None: base + arange)
+    mask: torch.Tensor | None  # [B, N+1, N+1] bool attention among the new tokens (trees only; None: causal)
+    sampling: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # ([B] temperature, [B] top-k, [B] top-p)
+
+
+def truncated(d: DraftTree, k: int) -> DraftTree:
+    """The first ``k`` nodes of a draft (a tree again: parents precede their children)."""
+    probs = d.probs[:k] if d.probs is not None else None
+    return DraftTree(d.tokens[:k], d.parents[:k], probs, d.iid_siblings, d.score)
+
+
+def fit_drafts(drafts: list[DraftTree], base: torch.Tensor, max_len: int) -> list[DraftTree]:
+    """Cut drafts so that every row's N + 1 written positions fit its slot of ``max_len`` positions (``base
+    [B]``: committed lengths). A tree cut to its first k nodes is still a tree."""
+    longest = max((len(d) for d in drafts), default=0)
+    if not longest:
+        return drafts
+    room = max_len - int(base.max()) - 1
+    if longest <= room:
+        return drafts
+    room = max(0, room)
+    return [d if len(d) <= room else truncated(d, room) for d in drafts]
+
+
+def build_verify_batch(
+    rows: list[RunningRequest],
+    strategies: list[Strategy],
+    drafts: list[DraftTree],
+    slots: torch.Tensor,
+    base: torch.Tensor,
+    sampling: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> VerifyBatch:
+    """The verify forward's inputs (module docstring) for drafts that already fit (``fit_drafts``).
+
+    Raises:
+        ValueError: a sampled draft (``probs`` set) for a trace-replay request.
+    """
+    n = max((len(d) for d in drafts), default=0)
+    for r, d in zip(rows, drafts):
+        if d.probs is not None and r.req.reference is not None:
+            raise ValueError(
+                f"request {r.req.request_id!r}: trace replay takes deterministic drafts only; a sampled "
+                "draft's acceptance depends on the target distribution, which replay replaces"
+            )
+    id_rows = [[r.root, *d.tokens] + [0] * (n - len(d)) for r, d in zip(rows, drafts)]
+    depth_rows = [[0, *d.depths()] + list(range(len(d) + 1, n + 1)) for d in drafts]
+    pos = mask = None
+    if any(len(d) > 1 and not d.is_chain() for d in drafts):
+        mask_rows = []
+        for d in drafts:
+            m = [[c == 0 or c == j for c in range(n + 1)] for j in range(n + 1)]
+            for j, par in enumerate(d.parents):
+                m[j + 1] = [x or y for x, y in zip(m[j + 1], m[par + 1])]
+            for j in range(len(d) + 1, n + 1):  # padding: causal, like a chain
+                m[j] = [c <= j for c in range(n + 1)]
+            mask_rows.append(m)
+        dev = slots.device
+        pos = base.unsqueeze(1) + torch.tensor(depth_rows, device=dev)
+        mask = torch.tensor(mask_rows, device=dev)
+    return VerifyBatch(rows, strategies, drafts, n, slots, base, id_rows, depth_rows, pos, mask, sampling)
+
+
+def point_masses(probs: torch.Tensor, rows: list[int], targets: list[list[int]]) -> None:
+    """In place: ``probs[rows[j], k]`` := the point mass on ``targets[j][k]`` (``probs [B, R, V]``)."""
+    idx_b = [i for i, tg in zip(rows, targets) for _ in tg]
+    idx_r = [k for tg in targets for k in range(len(tg))]
+    idx_t = [x for tg in targets for x in tg]
+    dev = probs.device
+    probs[torch.tensor(rows, device=dev)] = 0
+    probs[
+        torch.tensor(idx_b, device=dev), torch.tensor(idx_r, device=dev), torch.tensor(idx_t, device=dev)
+    ] = 1
+
+
+def record_spec(sp: SpecCounters, d: DraftTree, drafter: str, accepted: int) -> None:
+    """Count a verified draft ``d`` of ``drafter`` with ``accepted`` accepted nodes in ``sp``."""
+    if not len(d):
+        return
+    sp.drafted += len(d)
+    sp.accepted += accepted
+    sp.verify_steps += 1
+    depth = max(d.depths())
+    while len(sp.drafted_by_position) < depth:
+        sp.drafted_by_position.append(0)
+        sp.accepted_by_position.append(0)
+    for k in range(depth):
+        sp.drafted_by_position[k] += 1
+    for k in range(accepted):
+        sp.accepted_by_position[k] += 1
+    c = sp.drafter_counts.setdefault(drafter, [0, 0])
+    c[0] += len(d)
+    c[1] += accepted
