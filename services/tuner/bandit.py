@@ -57,7 +57,7 @@ class BanditConfig:
     min_samples: int = 4
     z: float = 2.0
     regret_budget: float = 0.01
-    ban_steps: int = 256
+    ban_steps: int = 64
 
     def __post_init__(self) -> None:
         self.validate()
@@ -96,13 +96,54 @@ class BanditConfig:
         return asdict(self)
 
 
+class RateWindow:
+    """The last ``size`` (tokens, seconds) records of one arm, with running sums, so that ``estimate`` is O(1)
+    (the selector asks it on every decode step)."""
+
+    __slots__ = ("records", "_sums")
+
+    def __init__(self, size: int, records: Iterable[Sequence[float]] = ()) -> None:
+        self.records: deque[tuple[float, float]] = deque(maxlen=size)
+        self._sums = [0.0] * 5  # sum t, s, t*t, t*s, s*s
+        for t, s in records:
+            self.append(float(t), float(s))
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def _add(self, t: float, s: float, sign: float) -> None:
+        for j, x in enumerate((t, s, t * t, t * s, s * s)):
+            self._sums[j] += sign * x
+
+    def append(self, tokens: float, seconds: float) -> None:
+        if len(self.records) == self.records.maxlen:
+            self._add(*self.records[0], -1.0)
+        self.records.append((tokens, seconds))
+        self._add(tokens, seconds, 1.0)
+
+    def clear(self) -> None:
+        self.records.clear()
+        self._sums = [0.0] * 5
+
+    def estimate(self, min_samples: int) -> tuple[float, float] | None:
+        """(throughput ``R``, standard error) in committed tokens per second (module docstring), or None with
+        fewer than ``min_samples`` records."""
+        n = len(self.records)
+        if n < max(2, min_samples) or self._sums[1] <= 0:
+            return None
+        st, ss, stt, sts, sss = self._sums
+        r = st / ss
+        var = max(0.0, stt - 2 * r * sts + r * r * sss) / (n * (n - 1))  # sum((t - r s)^2) / (n (n - 1))
+        return r, math.sqrt(var) / (ss / n)
+
+
 class _Arm:
     """One arm in one bucket: its window of (tokens, seconds), step count and ban state (or restored from
     ``state``, a ``_Arm.state`` of a bucket at step ``steps``)."""
 
     def __init__(self, window: int, state: Mapping[str, Any] | None = None, steps: int = 0) -> None:
         state = state or {}
-        self.window: deque[tuple[float, float]] = deque(map(tuple, state.get("window", ())), maxlen=window)
+        self.window = RateWindow(window, state.get("window", ()))
         self.n = int(state.get("n", 0))  # steps played (a record may carry several)
         self.explored = int(state.get("explored", 0))
         self.strikes = int(state.get("strikes", 0))
@@ -112,7 +153,7 @@ class _Arm:
     def state(self, steps: int) -> dict[str, Any]:
         ban_left = self.banned_until - steps if self.banned_until >= 0 else -1
         return {
-            "window": [list(x) for x in self.window],
+            "window": [list(x) for x in self.window.records],
             "n": self.n,
             "explored": self.explored,
             "strikes": self.strikes,
@@ -120,7 +161,7 @@ class _Arm:
         }
 
     def stats(self) -> dict[str, Any]:
-        w = self.window
+        w = self.window.records
         ratio = sum(t for t, _ in w) / sum(s for _, s in w) if w else None
         median = statistics.median(t / s for t, s in w) if w else None
         return {
@@ -135,14 +176,7 @@ class _Arm:
 
     def estimate(self, min_samples: int) -> tuple[float, float] | None:
         """(throughput, standard error) in committed tokens per second, or None below ``min_samples``."""
-        n = len(self.window)
-        if n < min_samples:
-            return None
-        tokens = sum(t for t, _ in self.window)
-        seconds = sum(s for _, s in self.window)
-        r = tokens / seconds
-        var = sum((t - r * s) ** 2 for t, s in self.window) / (n * (n - 1))
-        return r, math.sqrt(var) / (seconds / n)
+        return self.window.estimate(min_samples)
 
 
 class _Bucket:
@@ -151,7 +185,7 @@ class _Bucket:
         self.steps = 0
 
 
-def _faster(a: tuple[float, float], b: tuple[float, float], z: float) -> bool:
+def faster(a: tuple[float, float], b: tuple[float, float], z: float) -> bool:
     """Is estimate ``a`` reliably above estimate ``b`` (module docstring)?"""
     return a[0] - b[0] > z * math.hypot(a[1], b[1])
 
@@ -202,7 +236,7 @@ class BucketedBandit:
             st.n += steps
             st.explored += bool(ob.get("explored"))
             if ob["seconds"] > 0:
-                st.window.append((float(ob["committed_tokens"]), float(ob["seconds"])))
+                st.window.append(float(ob["committed_tokens"]), float(ob["seconds"]))
         for bucket in touched.values():
             self._judge(bucket)
         return taken
@@ -222,10 +256,10 @@ class BucketedBandit:
             est = st.estimate(cfg.min_samples)
             if off is None or est is None:
                 continue
-            if _faster(off, est, cfg.z):
+            if faster(off, est, cfg.z):
                 st.strikes += 1
                 st.banned_until = bucket.steps + cfg.ban_steps * 2 ** (st.strikes - 1)
-            elif _faster(est, off, cfg.z):
+            elif faster(est, off, cfg.z):
                 st.strikes = 0
 
     def _row(self, i: int) -> dict[str, Any]:
@@ -234,8 +268,8 @@ class BucketedBandit:
         off = ests.get(OFF.name)
         best = OFF.name
         if off is not None:
-            faster = [(e[0], n) for n, e in ests.items() if e is not None and _faster(e, off, cfg.z)]
-            best = max(faster)[1] if faster else OFF.name
+            quicker = [(e[0], n) for n, e in ests.items() if e is not None and faster(e, off, cfg.z)]
+            best = max(quicker)[1] if quicker else OFF.name
         probe = sorted(
             (n for n, e in ests.items() if e is None and n != OFF.name),
             key=lambda n: len(bucket.arms[n].window),
@@ -249,12 +283,14 @@ class BucketedBandit:
             "explore": [n for n, e in ests.items() if e is not None and n != best],
             "probe": probe,
             "guarded": [n for n, st in bucket.arms.items() if st.banned_until >= 0],
+            "estimates": {n: list(e) for n, e in ests.items() if e is not None},
         }
 
     def table(self) -> dict[str, Any]:
         """The strategy table the rollout actors play (JSON-serializable; a new ``version`` each call): per
-        bucket ``best``, ``explore``, ``probe`` and ``guarded`` arm names (module docstring), the arms and the
-        ``regret_budget``."""
+        bucket ``best``, ``explore``, ``probe`` and ``guarded`` arm names (module docstring) and ``estimates``
+        (arm name -> [throughput, standard error], tokens/s, arms not guarded with an estimate); the arms,
+        ``regret_budget``, and the ``window``, ``min_samples`` and ``z`` the selector's own estimates use."""
         self.version += 1
         return {
             "version": self.version,
@@ -262,6 +298,9 @@ class BucketedBandit:
             "arms": {a.name: a.to_dict() for a in self.arms},
             "buckets": [self._row(i) for i in range(len(self.edges))],
             "regret_budget": self.cfg.regret_budget,
+            "window": self.cfg.window,
+            "min_samples": self.cfg.min_samples,
+            "z": self.cfg.z,
         }
 
     def stats(self) -> dict[str, Any]:
@@ -341,5 +380,8 @@ def gate_table(table: Mapping[str, Any], drafters: Iterable[str]) -> dict[str, A
         best = OFF.name if b["best"] in gated else b["best"]
         explore = [n for n in b["explore"] if n not in gated and n != best]
         probe = [n for n in b["probe"] if n not in gated]
-        buckets.append({**b, "best": best, "explore": explore, "probe": probe, "gated": gated})
+        estimates = {n: e for n, e in b.get("estimates", {}).items() if n not in gated}
+        buckets.append(
+            {**b, "best": best, "explore": explore, "probe": probe, "gated": gated, "estimates": estimates}
+        )
     return {**table, "buckets": buckets}

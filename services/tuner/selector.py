@@ -3,7 +3,16 @@
 ``StrategySelector`` implements the engine's ``StrategySelector`` protocol (``speculative/strategy.py``). Per
 decode step it finds the active batch size's bucket in its copy of the central table (``bandit.py``) and plays:
 
-1. a ``probe`` arm (untried first), else an ``explore`` arm, the one it played least under this table version,
+0. the bucket's *best*: the table's, unless this selector's own steps since the table arrived say otherwise.
+   Per (bucket, arm) it keeps its own window of (tokens, seconds) records (``RateWindow``, the table's
+   ``window`` and ``min_samples``); an arm's estimate is its own window's when that has ``min_samples``
+   records, else the table's (``estimates``). The best is off unless an arm is reliably faster than off (the
+   table's ``z``), then the fastest such arm: the bandit's rule (``bandit.py``) on fresher evidence. Within a
+   rollout (a table is installed at rollout boundaries) the drafters' state moves (a new RL step's history,
+   siblings finishing), so the central evidence of earlier rollouts can be stale; the own windows start empty
+   with each table;
+1. a ``probe`` arm (no estimate yet), else an ``explore`` arm (the other arms with an estimate; guarded and
+   gated arms are never played), the one it played least under this table version,
    while the bucket's *regret budget* has room: exploration's measured extra time over the best arm,
    ``sum(max(0, seconds - tokens / R_best))`` over the probe and exploration steps, is at most
    ``regret_budget`` times the bucket's time (all its steps' seconds; ``R_best`` is this actor's moving
@@ -36,6 +45,7 @@ from typing import Any
 from services.rollout_actor.speculative.base import DraftRequest
 from services.rollout_actor.speculative.strategy import OFF, Lease, StepObservation, Strategy
 from services.tuner.arms import Arm, TunerConfigError
+from services.tuner.bandit import BanditConfig, RateWindow, faster
 from services.tuner.budgets import BudgetConfig, LengthBudgets
 
 CLOCKS = ("auto", "thread", "engine")
@@ -60,11 +70,12 @@ def resolve_clock(clock: str) -> str:
 class _Account:
     """One bucket's regret budget: its time, exploration's extra time, the best arm's moving throughput."""
 
-    __slots__ = ("time", "spent", "tokens", "seconds")
+    __slots__ = ("time", "spent", "tokens", "seconds", "best")
 
     def __init__(self) -> None:
         self.time = self.spent = 0.0
         self.tokens = self.seconds = 0.0  # moving averages per step of the best arm (0: no estimate yet)
+        self.best = ""  # the arm those averages are of
 
     def greedy(self, tokens: float, seconds: float) -> None:
         a = _ALPHA if self.seconds else 1.0
@@ -120,13 +131,16 @@ class StrategySelector:
         self.edges = list(table["bucket_edges"])
         self._arms = {n: Arm.from_dict(d) for n, d in table["arms"].items()}
         self._rows = list(table["buckets"])
+        dflt = BanditConfig()
+        self.window = int(table.get("window", dflt.window))
+        self.min_samples = int(table.get("min_samples", dflt.min_samples))
+        self.z = float(table.get("z", dflt.z))
         self._plays: dict[tuple[int, str], int] = {}
+        self._own: dict[int, dict[str, RateWindow]] = {}  # bucket -> arm -> this selector's records
+        # per bucket the arms that may be played: the best, the explore and probe lists (never guarded/gated)
+        self._playable = [{r["best"], *r["explore"], *r["probe"]} for r in self._rows]
         if old is None or [r["lo"] for r in old] != [r["lo"] for r in self._rows]:
             self._accounts = {}
-            return
-        for i, (a, b) in enumerate(zip(old, self._rows)):
-            if a["best"] != b["best"] and i in self._accounts:  # another best: its throughput is unknown here
-                self._accounts[i].tokens = self._accounts[i].seconds = 0.0
 
     def _bucket_of(self, n: int) -> int:
         return max(0, bisect.bisect_right(self.edges, n) - 1)
@@ -136,13 +150,32 @@ class StrategySelector:
         self.budgets.history.record_many(items)
 
     # ------------------------------------------------------------------ per step
+    def _plan(self, i: int) -> tuple[str, list[str]]:
+        """Bucket ``i``'s best arm and exploration candidates (module docstring, steps 0-1)."""
+        row, own = self._rows[i], self._own.get(i)
+        if not own:
+            return row["best"], row["probe"] or row["explore"]
+        ests = {n: tuple(e) for n, e in row.get("estimates", {}).items()}
+        for n, w in own.items():
+            e = w.estimate(self.min_samples)
+            if e is not None:
+                ests[n] = e
+        playable = self._playable[i]
+        best = row["best"]
+        off = ests.get(OFF.name)
+        if off is not None:
+            quicker = [(e[0], n) for n, e in ests.items() if n in playable and faster(e, off, self.z)]
+            best = max(quicker)[1] if quicker else OFF.name
+        probe = [n for n in row["probe"] if n not in ests]
+        return best, probe or [n for n in playable if n in ests and n != best]
+
     def _pick(self, i: int, acc: _Account) -> tuple[Arm, bool]:
-        row = self._rows[i]
-        best = self._arms[row["best"]]
-        if not acc.seconds or acc.spent > self.regret_budget * acc.time:
-            return best, False
-        cands = row["probe"] or row["explore"]
-        if not cands:
+        best_name, cands = self._plan(i)
+        best = self._arms[best_name]
+        if acc.best != best_name:  # another best: its throughput is unknown here
+            acc.tokens = acc.seconds = 0.0
+            acc.best = best_name
+        if not acc.seconds or acc.spent > self.regret_budget * acc.time or not cands:
             return best, False
         k = len(cands)
         j = min(range(k), key=lambda j: (self._plays.get((i, cands[j]), 0), (j - self.seed) % k))
@@ -184,19 +217,28 @@ class StrategySelector:
             self._record(obs.batch_size, arm.name, 0, 0.0, 1, explored)
             return
         self._record(obs.batch_size, arm.name, obs.committed_tokens, seconds, 1, explored)
+        self._own_record(i, arm.name, obs.committed_tokens, seconds)
         acc = self._accounts[i]
         acc.time += seconds
         if explored:
             acc.spent += max(0.0, seconds - obs.committed_tokens * acc.seconds / acc.tokens)
-        elif arm.name == self._rows[i]["best"]:
+        else:
             acc.greedy(obs.committed_tokens, seconds)
             if arm.is_off:
                 self._grant(i, acc)
 
+    def _own_record(self, i: int, arm: str, tokens: float, seconds: float) -> None:
+        if seconds > 0:
+            own = self._own.setdefault(i, {})
+            w = own.get(arm)
+            if w is None:
+                w = own[arm] = RateWindow(self.window)
+            w.append(float(tokens), float(seconds))
+
     def _grant(self, i: int, acc: _Account) -> None:
         """Lease the bucket's next steps when nothing may be explored there before they are played."""
         row, budget = self._rows[i], self.regret_budget
-        if row["probe"] or row["explore"]:
+        if self._plan(i)[1]:
             if budget <= 0:
                 q = self.lease_steps
             else:
@@ -231,6 +273,7 @@ class StrategySelector:
             )
             if seconds:
                 acc.greedy(tokens, seconds)
+                self._own_record(i, OFF.name, tokens, seconds)
             prev = at
         acc.time += played * acc.seconds
         lease.samples.clear()
