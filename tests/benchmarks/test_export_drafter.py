@@ -1,5 +1,5 @@
 """``spot_training_effect --export-drafter``: the newest published drafter of a run becomes an EAGLE folder that
-``rollout_longtail --learned`` (``EagleDrafter.from_pretrained``) loads with the same weights."""
+``benchmarks.longtail --learned`` (``EagleDrafter.from_pretrained``) loads with the same weights."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from benchmarks import rollout_longtail as rl
+from benchmarks.longtail.runners import TailspecRunner
+from benchmarks.longtail.workload import SPOT_META, learned_gate
 from benchmarks.spot_training_effect import export_drafter
 from services.rollout_actor.model import Transformer
 from services.rollout_actor.speculative.eagle import (
@@ -39,9 +40,9 @@ def test_export_writes_the_newest_published_head(tiny_policy_dir, tmp_path):
     _publish(run, 3, old)
     _publish(run, 4, new)
     assert export_drafter(run, dest, top1=0.27) == {"version": 4, "path": str(dest), "top1": 0.27}
-    # the head's top-1 travels with it: rollout_longtail gates the adaptive policy's learned arms on it
-    assert json.loads((dest / rl.SPOT_META).read_text()) == {"version": 4, "top1": 0.27}
-    assert rl.learned_gate(dest, 0.5) == {"min_top1": 0.5, "top1": 0.27, "gated": True}
+    # the head's top-1 travels with it: benchmarks.longtail gates the adaptive policy's learned arms on it
+    assert json.loads((dest / SPOT_META).read_text()) == {"version": 4, "top1": 0.27}
+    assert learned_gate(dest, 0.5) == {"min_top1": 0.5, "top1": 0.27, "gated": True}
     loaded = EagleDrafter.from_pretrained(dest, target).model.state_dict()
     for k, v in new.state_dict().items():
         assert torch.equal(loaded[k], v), k
@@ -53,15 +54,15 @@ def test_learned_gate_mirrors_make_runs_gate(tmp_path):
     or without a learned drafter; a malformed metadata file is an error naming it."""
     head = tmp_path / "head"
     head.mkdir()
-    assert rl.learned_gate(None, 0.5)["gated"] is False
-    assert rl.learned_gate(head, 0.5) == {"min_top1": 0.5, "top1": None, "gated": True}
-    assert rl.learned_gate(head, 0.0)["gated"] is False
-    (head / rl.SPOT_META).write_text(json.dumps({"version": 2, "top1": 0.5}))
-    assert rl.learned_gate(head, 0.5)["gated"] is False  # at the bar: in, as in ControlPlane.gated_drafters
-    assert rl.learned_gate(head, 0.6)["gated"] is True
-    (head / rl.SPOT_META).write_text("[1, 2]")
-    with pytest.raises(SystemExit, match=rl.SPOT_META):
-        rl.learned_gate(head, 0.5)
+    assert learned_gate(None, 0.5)["gated"] is False
+    assert learned_gate(head, 0.5) == {"min_top1": 0.5, "top1": None, "gated": True}
+    assert learned_gate(head, 0.0)["gated"] is False
+    (head / SPOT_META).write_text(json.dumps({"version": 2, "top1": 0.5}))
+    assert learned_gate(head, 0.5)["gated"] is False  # at the bar: in, as in ControlPlane.gated_drafters
+    assert learned_gate(head, 0.6)["gated"] is True
+    (head / SPOT_META).write_text("[1, 2]")
+    with pytest.raises(SystemExit, match=SPOT_META):
+        learned_gate(head, 0.5)
 
 
 def test_gated_runner_keeps_learned_arms_out_of_the_adaptive_table(tiny_policy_dir, tmp_path):
@@ -69,7 +70,7 @@ def test_gated_runner_keeps_learned_arms_out_of_the_adaptive_table(tiny_policy_d
     head = tmp_path / "head"
     save_eagle_checkpoint(EagleDraftModel(target.config, EagleConfig(seed=1)), head, target)
     for gated in ([], ["learned", "hybrid"]):
-        runner = rl.TailspecRunner(target, None, 128, 8, head)
+        runner = TailspecRunner(target, 128, head)
         runner.gated = gated
         runner.init_adaptive(0)
         table = runner.adaptive.table

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import rollout_longtail as rl
+from benchmarks.longtail.__main__ import main
+from benchmarks.longtail.peers import PEERS_VENV, vllm_peer_python
 
 pytestmark = [pytest.mark.peers, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
-    py, why = rl.vllm_peer_python(rl.PEERS_VENV)
+    py, why = vllm_peer_python(PEERS_VENV)
     if py is None:
         pytest.skip(why)
     out = tmp_path_factory.mktemp("bench_vllm")
@@ -29,7 +30,7 @@ def result(tmp_path_factory):
         "--configs", "plain,vllm-plain,vllm-suffix-k8,vllm-plain-matched",
         "--out-dir", str(out),
     ]  # fmt: skip
-    return rl.main(argv)
+    return main(argv)
 
 
 def test_vllm_rows(result):
