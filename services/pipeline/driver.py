@@ -597,6 +597,11 @@ class RLDriver:
         self.log(f"run directory: {self.run_dir}" + (f" (resuming after step {done})" if self.resume else ""))
         t_run = time.perf_counter()
         self.rows = writer.read_metrics()  # a resumed run's steps so far (the services start at that point)
+        import yaml
+
+        from services.pipeline.sinks import MetricSinks
+
+        sinks = MetricSinks(cfg.trainer.logger, self.run_dir, cfg.run.name, yaml.safe_load(to_yaml(cfg)))
         self._start_services()
         caught = _SignalFlag()
         try:
@@ -616,8 +621,10 @@ class RLDriver:
                     row.update(self.evaluator.evaluate(self.plane.rollout, row["policy_version"], self.log))
                 writer.append_metrics(row)
                 self._export_metrics(row)
+                sinks.log(row)
                 self.rows.append(row)
-                progress.update(row)
+                if sinks.console:
+                    progress.update(row)
                 every = cfg.trainer.save_every
                 saved = bool(every) and (step % every == 0 or step == cfg.trainer.steps)
                 if saved or (caught.signum and step < cfg.trainer.steps):
@@ -633,6 +640,7 @@ class RLDriver:
             self._timeline = self.plane.timeline()
         finally:
             caught.restore()
+            sinks.close()
             self._stop_services()
         plot_response_lengths(
             self.lengths_per_step, self.run_dir / "plots" / "response_length.png", cfg.rollout.max_new_tokens
