@@ -114,6 +114,8 @@ class SpecCounters:
     accepted_by_position: list[int] = field(default_factory=list)  # accepted count per draft depth
     drafted_by_position: list[int] = field(default_factory=list)
     drafter_counts: dict[str, list[int]] = field(default_factory=dict)  # name -> [drafted, accepted]
+    # name -> {acceptance length (accepted + 1): verify steps}
+    tau_counts: dict[str, dict[int, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -866,6 +868,8 @@ class Engine:
         c = sp.drafter_counts.setdefault(s.drafter, [0, 0])
         c[0] += len(d)
         c[1] += accepted
+        t = sp.tau_counts.setdefault(s.drafter, {})
+        t[accepted + 1] = t.get(accepted + 1, 0) + 1
 
 
 def _main(argv=None) -> None:
