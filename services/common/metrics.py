@@ -92,7 +92,8 @@ METRICS: tuple[MetricSpec, ...] = (
         "gauge",
         "requests",
         ("worker",),
-        "Requests decoding in the current decode step of a rollout worker.",
+        "Requests decoding in the current decode step of a rollout worker (set by the actor at every decode step; "
+        "0 between rollouts).",
     ),
     MetricSpec(
         "tailspec_response_length_tokens",
@@ -108,7 +109,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "1",
         ("worker", "state"),
         "1 for the state a worker is in, 0 for the others (STARTING, ROLLOUT, IDLE, TRAINING, PREEMPTING, "
-        "FAILED, STOPPED).",
+        "FAILED, STOPPED); exported by the coordinator on every transition.",
     ),
     MetricSpec(
         "tailspec_bubble_seconds_total",
@@ -143,7 +144,8 @@ METRICS: tuple[MetricSpec, ...] = (
         "counter",
         "selections",
         ("bucket", "arm"),
-        "Decode steps run with each tuner arm, by batch-size bucket (e.g. bucket '8-15', arm 'suffix-k8-w1').",
+        "Decode steps run with each tuner arm, by the tuner's active-batch-size bucket the step fell in (e.g. "
+        "bucket '8-15', arm 'suffix-k8-w1').",
     ),
     MetricSpec(
         "tailspec_step_phase_seconds",

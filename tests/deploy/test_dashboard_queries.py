@@ -93,7 +93,10 @@ def prometheus(tmp_path):
     )
     base = f"http://127.0.0.1:{web_port}"
     try:
-        _wait("prometheus to be ready", lambda: urllib.request.urlopen(f"{base}/-/ready", timeout=5).status == 200)
+        _wait(
+            "prometheus to be ready",
+            lambda: urllib.request.urlopen(f"{base}/-/ready", timeout=5).status == 200,
+        )
         yield base, metrics_port
     finally:
         proc.terminate()
