@@ -588,7 +588,8 @@ def table_arm_buckets(table: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 # ---------------------------------------------------------------------------------- the process's metrics
-_process: TailspecMetrics | None = None
+_installed: TailspecMetrics | None = None  # the driver's (install_process_metrics)
+_ray_own: TailspecMetrics | None = None  # a Ray worker's own, made on first use
 _process_lock = threading.Lock()
 
 
@@ -596,26 +597,31 @@ def install_process_metrics(tm: TailspecMetrics | None) -> None:
     """Make ``tm`` (the driver's) the metrics of every service running in this process (``ray.use_ray=false``:
     the coordinator and rollout actors are plain objects in the driver's process, so their live metrics reach
     the driver's endpoint); None uninstalls it."""
-    global _process
+    global _installed
     with _process_lock:
-        _process = tm
+        _installed = tm
 
 
 def installed_process_metrics() -> TailspecMetrics | None:
     """The ``TailspecMetrics`` installed with ``install_process_metrics`` (None: none)."""
-    return _process
+    return _installed
 
 
 def process_metrics(enabled: bool = True) -> TailspecMetrics | None:
-    """The ``TailspecMetrics`` a service records live metrics to: the installed one (``install_process_metrics``),
-    else, with ``enabled`` inside a Ray worker, one Ray-backed instance per process (exported by Ray's metrics
-    agent); else None (metrics off)."""
-    global _process
+    """The ``TailspecMetrics`` a service records live metrics to: None unless ``enabled``; the installed one
+    (``install_process_metrics``); else, inside a Ray worker, one Ray-backed instance per process (exported by
+    Ray's metrics agent); else None (no exporter in this process)."""
+    global _ray_own
+    if not enabled:
+        return None
     with _process_lock:
-        if _process is not None or not enabled or not ray_active():
-            return _process if enabled else None
-        _process = TailspecMetrics(backend="ray")
-        return _process
+        if _installed is not None:
+            return _installed
+        if not ray_active():
+            return None
+        if _ray_own is None:
+            _ray_own = TailspecMetrics(backend="ray")
+        return _ray_own
 
 
 __all__ = [

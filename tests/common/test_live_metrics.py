@@ -6,12 +6,14 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.common import metrics as metrics_module
 from services.common.metrics import (
     WORKER_STATES,
     Metrics,
     TailspecMetrics,
     bucket_label,
     install_process_metrics,
+    installed_process_metrics,
     process_metrics,
     table_arm_buckets,
 )
@@ -46,10 +48,12 @@ def _state_of(tm: TailspecMetrics, worker: str) -> list[str]:
     ]
 
 
-def test_process_metrics_is_the_installed_one_unless_disabled(installed):
+def test_process_metrics_is_the_installed_one_unless_disabled(installed, monkeypatch):
     assert process_metrics() is installed and process_metrics(enabled=False) is None
     install_process_metrics(None)
-    assert process_metrics() is None  # no Ray here, nothing installed: metrics off
+    monkeypatch.setattr(metrics_module, "ray_active", lambda: False)
+    assert process_metrics() is None  # not a Ray worker, nothing installed: no exporter
+    assert installed_process_metrics() is None
 
 
 def test_worker_state_is_exported_on_every_transition(installed):
