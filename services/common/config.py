@@ -70,6 +70,9 @@ class TrainerConfig:
     adv_eps: float = 1e-6
     scale_adv_by_std: bool = True
     save_checkpoint: bool = True  # final policy to runs/<id>/checkpoints/policy (HF format)
+    # where each step's metrics row goes (VeRL's trainer.logger): console, jsonl (required), tensorboard
+    # (<run_dir>/tensorboard/), wandb (offline, <run_dir>/wandb/); services/pipeline/sinks.py
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     # every this many RL steps (and at the last), an atomic checkpoint runs/<id>/checkpoints/step-<k>/ that
     # `tailspec train --resume runs/<id>` continues from (policy, optimizer, data cursor, RNG, tuner); 0 = none
     save_every: int = 1
@@ -380,6 +383,11 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(
                 f"config key {key!r} {why} (got {OmegaConf.select(OmegaConf.structured(cfg), key)!r})"
             )
+    from services.pipeline.sinks import check_loggers
+
+    bad_logger = check_loggers(cfg.trainer.logger)
+    if bad_logger:
+        raise ConfigError(bad_logger)
     from services.tuner.arms import TunerConfigError, parse_arms
     from services.tuner.bandit import BanditConfig
     from services.tuner.budgets import BudgetConfig

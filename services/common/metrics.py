@@ -92,7 +92,8 @@ METRICS: tuple[MetricSpec, ...] = (
         "gauge",
         "requests",
         ("worker",),
-        "Requests decoding in the current decode step of a rollout worker.",
+        "Requests decoding in the current decode step of a rollout worker (set by the actor at every decode step; "
+        "0 between rollouts).",
     ),
     MetricSpec(
         "tailspec_response_length_tokens",
@@ -108,7 +109,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "1",
         ("worker", "state"),
         "1 for the state a worker is in, 0 for the others (STARTING, ROLLOUT, IDLE, TRAINING, PREEMPTING, "
-        "FAILED, STOPPED).",
+        "FAILED, STOPPED); exported by the coordinator on every transition.",
     ),
     MetricSpec(
         "tailspec_bubble_seconds_total",
@@ -143,7 +144,8 @@ METRICS: tuple[MetricSpec, ...] = (
         "counter",
         "selections",
         ("bucket", "arm"),
-        "Decode steps run with each tuner arm, by batch-size bucket (e.g. bucket '8-15', arm 'suffix-k8-w1').",
+        "Decode steps run with each tuner arm, by the tuner's active-batch-size bucket the step fell in (e.g. "
+        "bucket '8-15', arm 'suffix-k8-w1').",
     ),
     MetricSpec(
         "tailspec_step_phase_seconds",
@@ -233,6 +235,17 @@ class _Metric:
         if self.backend == "prometheus":
             return self._impl.labels(**t) if self.tag_keys else self._impl
         return t
+
+    def touch(self, tags: Mapping[str, Any] | None = None) -> None:
+        """Create the series of ``tags`` at zero without changing a value it already has, so that
+        ``increase()`` / ``rate()`` count its first increment. prometheus: ``labels(...)``; Ray: a counter records
+        0 (``Counter._record``: Ray's public ``inc`` refuses 0), a gauge is left to its first ``set``, a
+        histogram to its first observation (Ray has no way to create either without a value)."""
+        target = self._target(tags)  # prometheus: creates the labelled child at 0
+        if self.backend == "ray" and self.type == "counter":
+            record = getattr(self._impl, "_record", None)
+            if record is not None:
+                record(0.0, tags=target or None)
 
     def __repr__(self) -> str:
         return f"<{self.type} {self.name} {list(self.tag_keys)} ({self.backend})>"
@@ -455,9 +468,11 @@ class TailspecMetrics:
     def record_step(self, row: Mapping[str, Any], *, spec: bool = True) -> None:
         """Record one ``metrics.jsonl`` row: ``step``, ``reward_mean``, the phase seconds
         (``rollout_seconds``, ``reward_seconds``, ``train_seconds``, ``weight_sync_seconds``), ``policy_version``,
-        ``drafter_version``, per worker ``idle_seconds`` (bubble) and ``trained_seconds`` (from ``workers``), and
-        with ``spec`` the per-drafter ``drafted`` / ``accepted`` totals of ``drafters`` (leave ``spec=False``
-        when the rollout actors call ``record_spec`` themselves). Missing or None keys are skipped."""
+        ``drafter_version``, per worker ``idle_seconds`` (bubble) and ``trained_seconds`` (from ``workers``), the
+        tuner's decode steps per (bucket, arm) (``tuner.choices_by_bucket``), and with ``spec`` the per-drafter
+        ``drafted`` / ``accepted`` totals and ``acceptance_lengths`` (tau -> verify steps) of ``drafters`` (leave
+        ``spec=False`` when the rollout actors call ``record_spec`` themselves). Missing or None keys are
+        skipped."""
 
         def num(key: str) -> float | None:
             v = row.get(key)
@@ -481,7 +496,13 @@ class TailspecMetrics:
             self.add_bubble(worker, w.get("idle_seconds") or 0.0, w.get("trained_seconds") or 0.0)
         if spec:
             for drafter, c in (row.get("drafters") or {}).items():
-                self.record_spec(drafter, c.get("drafted") or 0, c.get("accepted") or 0)
+                taus = [
+                    float(t) for t, n in (c.get("acceptance_lengths") or {}).items() for _ in range(int(n))
+                ]
+                self.record_spec(drafter, c.get("drafted") or 0, c.get("accepted") or 0, taus)
+        for bucket, arms in ((row.get("tuner") or {}).get("choices_by_bucket") or {}).items():
+            for arm, n in arms.items():
+                self.record_arm_selection(bucket, arm, n)
 
     def observe_phase(self, phase: str, seconds: float) -> None:
         self.step_phase_seconds.observe(max(0.0, float(seconds)), {"phase": phase})
@@ -531,6 +552,77 @@ class TailspecMetrics:
         if drafter is not None:
             self.drafter_version.set(drafter)
 
+    def init_series(
+        self,
+        workers: Iterable[str] = (),
+        drafters: Iterable[str] = (),
+        arm_buckets: Iterable[tuple[str, str]] = (),
+        drop_reasons: Iterable[str] = (),
+    ) -> None:
+        """Create the run's labelled series at zero before step 1 (``Metric.touch``), so that ``increase()``
+        over the first step counts it: per worker the bubble counters, per drafter
+        the token counters and the acceptance-length histogram, every tuner (bucket, arm) pair, every step
+        phase and the given stream drop reasons."""
+        for w in workers:
+            self.bubble_seconds.touch({"worker": w})
+            self.bubble_trained_seconds.touch({"worker": w})
+        for d in drafters:
+            for metric in (self.drafted_tokens, self.accepted_tokens, self.acceptance_length):
+                metric.touch({"drafter": d})
+        for bucket, arm in arm_buckets:
+            self.tuner_arm_selections.touch({"bucket": bucket, "arm": arm})
+        for phase in STEP_PHASE_KEYS.values():
+            self.step_phase_seconds.touch({"phase": phase})
+        for reason in drop_reasons:
+            self.stream_frames_dropped.touch({"reason": reason})
+
+
+def bucket_label(lo: int, hi: int | None) -> str:
+    """The ``bucket`` label of the tuner's batch-size bucket ``[lo, hi)``: ``'8-15'``, or ``'256+'`` (open)."""
+    return f"{lo}-{hi - 1}" if hi else f"{lo}+"
+
+
+def table_arm_buckets(table: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Every (bucket label, arm name) pair of a tuner strategy table (``BucketedBandit.table()``)."""
+    return [(bucket_label(b["lo"], b.get("hi")), arm) for b in table["buckets"] for arm in table["arms"]]
+
+
+# ---------------------------------------------------------------------------------- the process's metrics
+_installed: TailspecMetrics | None = None  # the driver's (install_process_metrics)
+_ray_own: TailspecMetrics | None = None  # a Ray worker's own, made on first use
+_process_lock = threading.Lock()
+
+
+def install_process_metrics(tm: TailspecMetrics | None) -> None:
+    """Make ``tm`` (the driver's) the metrics of every service running in this process (``ray.use_ray=false``:
+    the coordinator and rollout actors are plain objects in the driver's process, so their live metrics reach
+    the driver's endpoint); None uninstalls it."""
+    global _installed
+    with _process_lock:
+        _installed = tm
+
+
+def installed_process_metrics() -> TailspecMetrics | None:
+    """The ``TailspecMetrics`` installed with ``install_process_metrics`` (None: none)."""
+    return _installed
+
+
+def process_metrics(enabled: bool = True) -> TailspecMetrics | None:
+    """The ``TailspecMetrics`` a service records live metrics to: None unless ``enabled``; the installed one
+    (``install_process_metrics``); else, inside a Ray worker, one Ray-backed instance per process (exported by
+    Ray's metrics agent); else None (no exporter in this process)."""
+    global _ray_own
+    if not enabled:
+        return None
+    with _process_lock:
+        if _installed is not None:
+            return _installed
+        if not ray_active():
+            return None
+        if _ray_own is None:
+            _ray_own = TailspecMetrics(backend="ray")
+        return _ray_own
+
 
 __all__ = [
     "BACKENDS",
@@ -543,6 +635,11 @@ __all__ = [
     "MetricSpec",
     "Metrics",
     "TailspecMetrics",
+    "bucket_label",
     "docs_table",
+    "install_process_metrics",
+    "installed_process_metrics",
+    "process_metrics",
     "ray_active",
+    "table_arm_buckets",
 ]

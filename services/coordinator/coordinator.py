@@ -151,10 +151,13 @@ class Coordinator:
         clock: Callable[[], float] = time.monotonic,
         force_cancel: Callable[[str], bool] | None = None,
         max_history: int = 200_000,
+        on_state: Callable[[str, WorkerState], None] | None = None,
     ):
         """``force_cancel(worker_id) -> responsive`` is called when a preempt deadline passes (e.g. the Ray
         wrapper cancels the trainer task there); without it a worker counts as responsive when its last
-        heartbeat is within the timeout."""
+        heartbeat is within the timeout. ``on_state(worker_id, state)`` is called (under the lock) whenever a
+        worker enters a state: every transition, and a worker's first state (register, adopt); the actor
+        exports ``tailspec_worker_state`` from it."""
         if heartbeat_timeout_s <= 0 or preempt_deadline_s < 0:
             raise ValueError("heartbeat_timeout_s must be > 0 and preempt_deadline_s >= 0")
         self.heartbeat_timeout_s = float(heartbeat_timeout_s)
@@ -163,6 +166,7 @@ class Coordinator:
         self.max_training_workers = max_training_workers
         self._clock = clock
         self._force_cancel = force_cancel
+        self._on_state = on_state
         self._lock = threading.RLock()
         self._workers: dict[str, _Worker] = {}
         self._next_grant_id = 1
@@ -190,6 +194,8 @@ class Coordinator:
         self._closed_events.append(TimelineEvent(w.worker_id, src.value, w.since, now))
         self.transitions.append(Transition(now, w.worker_id, src, dst, reason))
         w.state, w.since = dst, now
+        if self._on_state is not None:
+            self._on_state(w.worker_id, dst)
         if src in (S.TRAINING, S.PREEMPTING) and dst not in (S.TRAINING, S.PREEMPTING):
             w.grant_id, w.preempt = None, None
         if src is S.ROLLOUT:
@@ -206,6 +212,8 @@ class Coordinator:
         w = _Worker(worker_id, dict(resources or {}), state, since=now, last_heartbeat=now)
         self._workers[worker_id] = w
         self.transitions.append(Transition(now, worker_id, None, state, "register"))
+        if self._on_state is not None:
+            self._on_state(worker_id, state)
         return w
 
     def _get(self, worker_id: str) -> _Worker:

@@ -435,7 +435,8 @@ def _run_dict(info: Mapping[str, Any]) -> dict[str, Any]:
 class CoordinatorActor:
     """The coordinator as its own actor: state machine + gRPC server + ticker (heartbeat timeouts, preempt
     deadlines). Args are ``Coordinator``'s; ``tick_interval_s`` is how often ``tick`` runs; ``worker_ids`` and
-    ``initial_run`` are ``CoordinatorService``'s (the run's workers, and the driver's view to anchor to)."""
+    ``initial_run`` are ``CoordinatorService``'s (the run's workers, and the driver's view to anchor to);
+    ``metrics``: export ``tailspec_worker_state`` on every transition (``process_metrics``)."""
 
     def __init__(
         self,
@@ -446,11 +447,16 @@ class CoordinatorActor:
         tick_interval_s: float = 0.25,
         worker_ids: Iterable[str] | None = None,
         initial_run: Mapping[str, Any] | None = None,
+        metrics: bool = False,
     ):
+        from services.common.metrics import process_metrics
+
+        tm = process_metrics(metrics)
         self.coordinator = Coordinator(
             heartbeat_timeout_s=heartbeat_timeout_s,
             preempt_deadline_s=preempt_deadline_s,
             min_fresh_samples=min_fresh_samples,
+            on_state=None if tm is None else (lambda w, state: tm.set_worker_state(w, state.value)),
         )
         self.service = CoordinatorService(
             self.coordinator,

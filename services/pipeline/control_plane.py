@@ -118,6 +118,7 @@ class ControlPlane:
         self.coordinator_restarts = 0
         self.tuner: ActorPool | None = None
         self.tuner_client = None
+        self.initial_table: dict | None = None
         self.tuner_restarts = 0
         self.rollout: ActorPool | None = None
         self.rollout_clients: list = []
@@ -171,6 +172,7 @@ class ControlPlane:
             max_new_tokens=cfg.rollout.max_new_tokens,
         )
         table = self.strategy_table() if self.tuner_client is not None else None
+        self.initial_table = table  # the first strategy table (its buckets and arms label the arm metrics)
         self.rollout = ActorPool.create(
             RolloutWorker,
             [(i, str(self.model_path), sampling) for i in range(n)],
@@ -187,6 +189,7 @@ class ControlPlane:
                     tuner_budgets=dict(cfg.tuner.budgets),
                     learned=self.learned,
                     drafter_dir=str(self.drafter_dir),
+                    metrics=cfg.metrics.enabled,
                 )
                 for _ in range(n)
             ],
@@ -213,7 +216,13 @@ class ControlPlane:
             self.use_ray,
             num_cpus=0,
             # the run's workers and the driver's view: anything else reported over gRPC is refused
-            kwargs_list=[dict(worker_ids=[str(w) for w in self.worker_ids], initial_run=self.run_info())],
+            kwargs_list=[
+                dict(
+                    worker_ids=[str(w) for w in self.worker_ids],
+                    initial_run=self.run_info(),
+                    metrics=self.cfg.metrics.enabled,
+                )
+            ],
         )
         self.coordinator_address = self.coordinator_pool.call(0, "serve", self.host, c.port, self.token)
         self.coordinator = CoordinatorClient(self.coordinator_address, self.token)
@@ -584,9 +593,14 @@ class ControlPlane:
         self._each_rollout("table update", lambda i: self.rollout_clients[i].set_table(table))
         stats = self.tuner_client.status()
         choices: dict[str, int] = {}
+        by_bucket: dict[str, dict[str, int]] = {}
         for res in results:
             for arm, c in (res.choices or {}).items():
                 choices[arm] = choices.get(arm, 0) + c
+            for bucket, arms in (res.choices_by_bucket or {}).items():
+                into = by_bucket.setdefault(bucket, {})
+                for arm, c in arms.items():
+                    into[arm] = into.get(arm, 0) + c
         buckets = [b for b in stats["buckets"] if b["observations"]]
         chosen = sum(b["chosen"] for b in buckets)
         return {
@@ -595,6 +609,7 @@ class ControlPlane:
             "gated_drafters": self.gated_drafters(),
             "observations": sum(res.observations_reported for res in results),
             "choices": choices,
+            "choices_by_bucket": by_bucket,
             "best_by_bucket": {bucket_name(b): b["best"] for b in buckets},
             "exploration_fraction": sum(b["explored"] for b in buckets) / chosen if chosen else 0.0,
             "arm_reward_median": {
@@ -646,4 +661,6 @@ class ControlPlane:
 
 
 def bucket_name(b: dict) -> str:
-    return f"{b['lo']}-{b['hi'] - 1}" if b.get("hi") else f"{b['lo']}+"
+    from services.common.metrics import bucket_label
+
+    return bucket_label(b["lo"], b.get("hi"))

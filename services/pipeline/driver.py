@@ -301,10 +301,11 @@ class RLDriver:
         self.metrics = None
         self.metrics_endpoint = None
         if cfg.metrics.enabled:
-            from services.common.metrics import TailspecMetrics
+            from services.common.metrics import TailspecMetrics, install_process_metrics
 
             backend = "ray" if cfg.ray.use_ray else "prometheus"
             self.metrics = TailspecMetrics(backend=backend)
+            install_process_metrics(self.metrics)  # in-process services export live through the driver's
             if cfg.metrics.port is not None and backend == "prometheus":
                 port = self.metrics.start_http_server(cfg.metrics.port, cfg.metrics.host)
                 self.metrics_endpoint = f"http://{cfg.metrics.host}:{port}/metrics"
@@ -329,6 +330,17 @@ class RLDriver:
             placement=self.placement,
         )
         self.plane.start()
+        if self.metrics is not None:
+            from services.common.metrics import table_arm_buckets
+            from services.spot_trainer.stream import DROP_REASONS
+
+            table = self.plane.initial_table
+            self.metrics.init_series(
+                [str(w) for w in self.plane.worker_ids],
+                self.available_drafters() if self.speculating else (),
+                table_arm_buckets(table) if table else (),
+                DROP_REASONS if self.plane.spot is not None else (),
+            )
         self.log(
             f"coordinator at {self.plane.coordinator_address}: tailspec status --run-dir {self.run_dir} "
             "(the run's token is in its grpc_token file, mode 0600)"
@@ -358,12 +370,8 @@ class RLDriver:
         m = self.metrics
         if m is None:
             return
-        m.record_step(row)
+        m.record_step(row)  # arm selections by bucket too; worker states are exported by the coordinator
         m.record_responses(self.lengths_per_step[-1])
-        for arm, n in ((row.get("tuner") or {}).get("choices") or {}).items():
-            m.record_arm_selection("all", arm, n)
-        for wid, state in self.plane.coord("states").items():
-            m.set_worker_state(wid, str(state))
 
     @property
     def speculating(self) -> bool:
@@ -404,6 +412,10 @@ class RLDriver:
         return ["suffix", "ngram"] + (["learned", "hybrid"] if self.cfg.rollout.speculative.learned else [])
 
     def _stop_services(self) -> None:
+        if getattr(self, "metrics", None) is not None:
+            from services.common.metrics import install_process_metrics
+
+            install_process_metrics(None)
         if getattr(self, "plane", None) is not None:
             self.phase = "done"
             self.plane.report_run()
@@ -597,6 +609,11 @@ class RLDriver:
         self.log(f"run directory: {self.run_dir}" + (f" (resuming after step {done})" if self.resume else ""))
         t_run = time.perf_counter()
         self.rows = writer.read_metrics()  # a resumed run's steps so far (the services start at that point)
+        import yaml
+
+        from services.pipeline.sinks import MetricSinks
+
+        sinks = MetricSinks(cfg.trainer.logger, self.run_dir, cfg.run.name, yaml.safe_load(to_yaml(cfg)))
         self._start_services()
         caught = _SignalFlag()
         try:
@@ -616,8 +633,10 @@ class RLDriver:
                     row.update(self.evaluator.evaluate(self.plane.rollout, row["policy_version"], self.log))
                 writer.append_metrics(row)
                 self._export_metrics(row)
+                sinks.log(row)
                 self.rows.append(row)
-                progress.update(row)
+                if sinks.console:
+                    progress.update(row)
                 every = cfg.trainer.save_every
                 saved = bool(every) and (step % every == 0 or step == cfg.trainer.steps)
                 if saved or (caught.signum and step < cfg.trainer.steps):
@@ -633,6 +652,7 @@ class RLDriver:
             self._timeline = self.plane.timeline()
         finally:
             caught.restore()
+            sinks.close()
             self._stop_services()
         plot_response_lengths(
             self.lengths_per_step, self.run_dir / "plots" / "response_length.png", cfg.rollout.max_new_tokens

@@ -49,6 +49,8 @@ class SpecCounters:
     accepted_by_position: list[int] = field(default_factory=list)  # accepted count per draft depth
     drafted_by_position: list[int] = field(default_factory=list)
     drafter_counts: dict[str, list[int]] = field(default_factory=dict)  # name -> [drafted, accepted]
+    # name -> {acceptance length (accepted + 1): verify steps}
+    tau_counts: dict[str, dict[int, int]] = field(default_factory=dict)
 
 
 @dataclass

@@ -126,3 +126,5 @@ def record_spec(sp: SpecCounters, d: DraftTree, drafter: str, accepted: int) -> 
     c = sp.drafter_counts.setdefault(drafter, [0, 0])
     c[0] += len(d)
     c[1] += accepted
+    t = sp.tau_counts.setdefault(drafter, {})
+    t[accepted + 1] = t.get(accepted + 1, 0) + 1

@@ -14,6 +14,7 @@ decode-step observations to the tuner in one batch.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import gc
 import logging
@@ -110,10 +111,39 @@ class ShardResult:
     outputs: list[RequestOutput]
     steps: list[StepRecord]
     choices: dict | None = None  # tuner arm -> decode steps it was chosen for (None without a tuner)
+    # bucket label ('8-15') -> tuner arm -> decode steps, from the observations reported to the tuner
+    choices_by_bucket: dict | None = None
     observations_reported: int = 0  # records sent to the tuner after this shard (leased steps ride on them)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+class _LiveStepLog(list):
+    """``Engine.step_log`` that also hands each decode step's active batch size to ``on_step`` (the live
+    ``tailspec_active_batch_size`` gauge) as the engine appends the step's record."""
+
+    def __init__(self, on_step):
+        super().__init__()
+        self._on_step = on_step
+
+    def append(self, record) -> None:
+        super().append(record)
+        self._on_step(record.batch_size)
+
+
+def choices_by_bucket(observations: list[dict], edges: list[int]) -> dict[str, dict[str, int]]:
+    """Decode steps per tuner bucket label (``'8-15'``, ``'256+'``) and arm, from the selector's observations
+    (each: ``batch_size``, ``arm``, ``steps``; ``edges``: the table's ``bucket_edges``)."""
+    from services.common.metrics import bucket_label
+
+    out: dict[str, dict[str, int]] = {}
+    for ob in observations:
+        i = max(0, bisect.bisect_right(edges, int(ob["batch_size"])) - 1)
+        label = bucket_label(edges[i], edges[i + 1] if i + 1 < len(edges) else None)
+        arms = out.setdefault(label, {})
+        arms[ob["arm"]] = arms.get(ob["arm"], 0) + int(ob["steps"])
+    return out
 
 
 class RolloutWorker:
@@ -129,6 +159,7 @@ class RolloutWorker:
         drafters: name -> Drafter.
         drafter_dir: the run's published-drafter folder (``<run>/checkpoints/spot_trainer/published``);
             ``LoadDrafter`` loads a version only from there (None: it loads none).
+        metrics: export ``tailspec_active_batch_size`` at every decode step (``process_metrics``).
     """
 
     def __init__(
@@ -146,6 +177,7 @@ class RolloutWorker:
         tuner_budgets: dict | None = None,
         learned: dict | None = None,
         drafter_dir: str | None = None,
+        metrics: bool = False,
     ):
         torch.set_num_threads(max(1, threads))
         from tokenizers import Tokenizer
@@ -189,6 +221,10 @@ class RolloutWorker:
         self._hb_stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
         self._history_thread: threading.Thread | None = None  # indexes a rollout's responses afterwards
+        from services.common.metrics import process_metrics
+
+        self._metrics = process_metrics(metrics)  # live tailspec_active_batch_size (None: metrics off)
+        self._set_batch_size(0)
 
     # ------------------------------------------------------------------ control plane (gRPC)
     def serve(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> str:
@@ -386,24 +422,31 @@ class RolloutWorker:
             **self.counters,
         )
 
-    def _report_observations(self) -> tuple[dict | None, int]:
-        """This shard's tuner choices; its observations go to the tuner (when connected) in one batch."""
+    def _set_batch_size(self, n: int) -> None:
+        """``tailspec_active_batch_size{worker}`` := ``n`` requests decoding (no-op with metrics off)."""
+        if self._metrics is not None:
+            self._metrics.set_active_batch_size(str(self.worker_id), n)
+
+    def _report_observations(self) -> tuple[dict | None, dict | None, int]:
+        """This shard's tuner choices, per arm and per (bucket, arm) (None without a tuner connection); its
+        observations go to the tuner (when connected) in one batch."""
         if self.tuned is None:
-            return None, 0
+            return None, None, 0
         choices = self.tuned.drain_choices()
         if self._tuner is None:
-            return choices, 0
+            return choices, None, 0
         obs = self.tuned.drain_observations()
+        by_bucket = choices_by_bucket(obs, self.tuned.edges)
         if not obs:
-            return choices, 0
+            return choices, by_bucket, 0
         try:
             self._tuner.report(str(self.worker_id), obs, self.tuned.version)
         except Exception as e:  # the tuner is advisory: a lost batch costs tuning data, never the rollout
             logging.getLogger(__name__).warning(
                 "worker %s: %d observations not reported to the tuner: %s", self.worker_id, len(obs), e
             )
-            return choices, 0
-        return choices, len(obs)
+            return choices, by_bucket, 0
+        return choices, by_bucket, len(obs)
 
     def _index_history_async(self) -> None:
         """Index the rollout's finished responses into the drafters' history (the suffix drafter's problem and
@@ -591,13 +634,14 @@ class RolloutWorker:
             gc.freeze()
             try:
                 reqs = self._requests(requests)
-                self.engine.step_log = []
+                self.engine.step_log = [] if self._metrics is None else _LiveStepLog(self._set_batch_size)
                 started = time.time()
                 outs = self.engine.generate(reqs, on_finish=self._flush_hidden) if reqs else []
                 finished = time.time()
             finally:
                 gc.unfreeze()
                 self._in_rollout = False
+                self._set_batch_size(0)
             if self.tuned is not None:
                 self.tuned.record_lengths([(o.problem_id, len(o.token_ids)) for o in outs])
             steps = list(self.engine.step_log)
@@ -606,10 +650,10 @@ class RolloutWorker:
             c["generated_tokens"] += sum(len(o.token_ids) for o in outs)
             c["drafted_tokens"] += sum(s.drafted for s in steps)
             c["accepted_tokens"] += sum(s.accepted for s in steps)
-            choices, reported = self._report_observations()
+            choices, by_bucket, reported = self._report_observations()
         self._index_history_async()
         return ShardResult(
-            self.worker_id, self.policy_version, started, finished, outs, steps, choices, reported
+            self.worker_id, self.policy_version, started, finished, outs, steps, choices, by_bucket, reported
         )
 
     def measure_speedup(self, requests: list[RolloutRequest], repeats: int = 1) -> dict:

@@ -268,10 +268,13 @@ _default_metrics_lock = threading.Lock()
 
 
 def _stream_counter(metrics: Any = None):
-    """``tailspec_stream_frames_dropped_total`` on ``metrics`` (a ``Metrics``), or on a process-wide one."""
+    """``tailspec_stream_frames_dropped_total`` on ``metrics`` (a ``Metrics``), else on the driver's (installed
+    when the spot trainer runs in its process), else on a process-wide one."""
     global _default_metrics
-    from services.common.metrics import METRICS, Metrics
+    from services.common.metrics import METRICS, Metrics, installed_process_metrics
 
+    if metrics is None:
+        metrics = installed_process_metrics()
     metrics = getattr(metrics, "metrics", metrics)  # a TailspecMetrics: its Metrics
     if metrics is None:
         with _default_metrics_lock:
@@ -318,7 +321,7 @@ class HiddenStateReceiver:
         self.dropped = dict.fromkeys(DROP_REASONS, 0)
         self._counter = _stream_counter(metrics)
         for reason in DROP_REASONS:  # every series exists from the start, at 0
-            self._counter.inc(0, {"reason": reason})
+            self._counter.touch({"reason": reason})
         self.buffer = buffer
         self._sock = (context or zmq.Context.instance()).socket(zmq.PULL)
         self._sock.setsockopt(zmq.RCVHWM, int(hwm))

@@ -7,6 +7,7 @@ import time
 import grpc
 import pytest
 
+from services.common.metrics import bucket_label
 from services.coordinator.service import CoordinatorActor
 from services.rollout_actor.grpc_service import RolloutClient
 from services.rollout_actor.worker import RolloutRequest, RolloutWorker
@@ -76,6 +77,19 @@ def test_rollout_actor_over_grpc(tiny_policy_dir, tmp_path):
         assert tuner.merged == res.observations_reported  # the tuner got them, over gRPC
         counted = sum(b["observations"] for b in tuner.bandit.stats()["buckets"])
         assert counted == len(res.steps)  # every step counted
+        # the same steps per (bucket, arm): each step in the bucket of its active batch size
+        edges = w.tuned.edges
+        per_bucket: dict[str, int] = {}
+        for st in res.steps:
+            i = max(k for k, lo in enumerate(edges) if lo <= st.batch_size)
+            label = bucket_label(edges[i], edges[i + 1] if i + 1 < len(edges) else None)
+            per_bucket[label] = per_bucket.get(label, 0) + 1
+        assert {b: sum(arms.values()) for b, arms in res.choices_by_bucket.items()} == per_bucket
+        per_arm: dict[str, int] = {}
+        for arms in res.choices_by_bucket.values():
+            for arm, n in arms.items():
+                per_arm[arm] = per_arm.get(arm, 0) + n
+        assert per_arm == res.choices
 
         # a table pushed while the actor decodes is deferred, then installed at the next rollout
         newer = dict(tuner.table(), version=tuner.table()["version"] + 5)

@@ -14,12 +14,14 @@ def aggregate(outputs: Iterable) -> dict:
 
     Returns drafted/accepted totals, ``verify_steps``, ``acceptance_length_mean`` (tau),
     ``acceptance_rate`` (accepted / drafted), ``acceptance_rate_by_position`` (index k: accepted at draft
-    depth k+1 / verify steps that drafted that deep) and ``drafters`` (per drafter: drafted, accepted, rate).
+    depth k+1 / verify steps that drafted that deep) and ``drafters`` (per drafter: drafted, accepted, rate,
+    and ``acceptance_lengths``: verify steps per acceptance length tau = accepted + 1, keyed by tau as a string).
     """
     drafted = accepted = verify = 0
     by_pos_d: list[int] = []
     by_pos_a: list[int] = []
     per: dict[str, list[int]] = {}
+    taus: dict[str, dict[int, int]] = {}
     for o in outputs:
         s = o.spec
         drafted += s.drafted
@@ -35,6 +37,10 @@ def aggregate(outputs: Iterable) -> dict:
             c = per.setdefault(name, [0, 0])
             c[0] += d
             c[1] += a
+        for name, counts in getattr(s, "tau_counts", {}).items():
+            t = taus.setdefault(name, {})
+            for tau, n in counts.items():
+                t[tau] = t.get(tau, 0) + n
     return {
         "drafted_tokens": drafted,
         "accepted_tokens": accepted,
@@ -43,7 +49,12 @@ def aggregate(outputs: Iterable) -> dict:
         "acceptance_rate": accepted / drafted if drafted else None,
         "acceptance_rate_by_position": [a / d if d else None for d, a in zip(by_pos_d, by_pos_a)],
         "drafters": {
-            n: {"drafted": d, "accepted": a, "acceptance_rate": a / d if d else None}
+            n: {
+                "drafted": d,
+                "accepted": a,
+                "acceptance_rate": a / d if d else None,
+                "acceptance_lengths": {str(k): v for k, v in sorted(taus.get(n, {}).items())},
+            }
             for n, (d, a) in sorted(per.items())
         },
     }
