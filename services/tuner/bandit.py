@@ -125,16 +125,31 @@ class RateWindow:
         self.records.clear()
         self._sums = [0.0] * 5
 
-    def estimate(self, min_samples: int) -> tuple[float, float] | None:
+    def sums(self) -> list[float]:
+        """``[n, sum t, sum s, sum t*t, sum t*s, sum s*s]`` over the records (what ``table()`` publishes)."""
+        return [float(len(self.records)), *self._sums]
+
+    def estimate(self, min_samples: int, prior: Sequence[float] | None = None) -> tuple[float, float] | None:
         """(throughput ``R``, standard error) in committed tokens per second (module docstring), or None with
-        fewer than ``min_samples`` records."""
-        n = len(self.records)
-        if n < max(2, min_samples) or self._sums[1] <= 0:
-            return None
-        st, ss, stt, sts, sss = self._sums
-        r = st / ss
-        var = max(0.0, stt - 2 * r * sts + r * r * sss) / (n * (n - 1))  # sum((t - r s)^2) / (n (n - 1))
-        return r, math.sqrt(var) / (ss / n)
+        fewer than ``min_samples`` records. ``prior``: another window's ``sums()`` that fills this window's free
+        places, weighted ``(size - len(self)) / n_prior`` (at most 1): a sliding window continued elsewhere."""
+        n, sums = float(len(self.records)), list(self._sums)
+        if prior is not None and prior[0] > 0:
+            w = min(1.0, (self.records.maxlen - n) / prior[0])
+            n += w * prior[0]
+            sums = [a + w * b for a, b in zip(sums, prior[1:])]
+        return estimate_from_sums(n, sums, min_samples)
+
+
+def estimate_from_sums(n: float, sums: Sequence[float], min_samples: int) -> tuple[float, float] | None:
+    """(R, se) from ``n`` records' ``[sum t, sum s, sum t*t, sum t*s, sum s*s]`` (module docstring), or None
+    below ``min_samples`` records."""
+    st, ss, stt, sts, sss = sums
+    if n < max(2, min_samples) or ss <= 0:
+        return None
+    r = st / ss
+    var = max(0.0, stt - 2 * r * sts + r * r * sss) / (n * (n - 1))  # sum((t - r s)^2) / (n (n - 1))
+    return r, math.sqrt(var) / (ss / n)
 
 
 class _Arm:
@@ -283,14 +298,15 @@ class BucketedBandit:
             "explore": [n for n, e in ests.items() if e is not None and n != best],
             "probe": probe,
             "guarded": [n for n, st in bucket.arms.items() if st.banned_until >= 0],
-            "estimates": {n: list(e) for n, e in ests.items() if e is not None},
+            # the windows' sums of the arms with an estimate (the selectors continue them: selector.py)
+            "windows": {n: bucket.arms[n].window.sums() for n, e in ests.items() if e is not None},
         }
 
     def table(self) -> dict[str, Any]:
         """The strategy table the rollout actors play (JSON-serializable; a new ``version`` each call): per
-        bucket ``best``, ``explore``, ``probe`` and ``guarded`` arm names (module docstring) and ``estimates``
-        (arm name -> [throughput, standard error], tokens/s, arms not guarded with an estimate); the arms,
-        ``regret_budget``, and the ``window``, ``min_samples`` and ``z`` the selector's own estimates use."""
+        bucket ``best``, ``explore``, ``probe`` and ``guarded`` arm names (module docstring) and ``windows``
+        (arm name -> ``RateWindow.sums()``, the arms not guarded with an estimate); the arms,
+        ``regret_budget``, and the ``window``, ``min_samples`` and ``z`` the selectors' estimates use."""
         self.version += 1
         return {
             "version": self.version,
@@ -380,8 +396,8 @@ def gate_table(table: Mapping[str, Any], drafters: Iterable[str]) -> dict[str, A
         best = OFF.name if b["best"] in gated else b["best"]
         explore = [n for n in b["explore"] if n not in gated and n != best]
         probe = [n for n in b["probe"] if n not in gated]
-        estimates = {n: e for n, e in b.get("estimates", {}).items() if n not in gated}
+        windows = {n: e for n, e in b.get("windows", {}).items() if n not in gated}
         buckets.append(
-            {**b, "best": best, "explore": explore, "probe": probe, "gated": gated, "estimates": estimates}
+            {**b, "best": best, "explore": explore, "probe": probe, "gated": gated, "windows": windows}
         )
     return {**table, "buckets": buckets}

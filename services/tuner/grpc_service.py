@@ -13,7 +13,8 @@ in-process. ``GetStatus(verbose=True)`` carries per-bucket, per-arm statistics (
 
 The dict shapes on both sides are those of ``services/tuner/bandit.py`` (``table()``, ``stats()``) and
 ``StrategySelector.drain_observations()``; the functions below convert them to and from the messages. The
-table's ``regret_budget`` travels in ``StrategyTable.ledger.budget``; the message's other legacy fields
+table's ``regret_budget`` travels in ``StrategyTable.ledger.budget``, its ``window``, ``min_samples`` and ``z`` in
+``StrategyTable.selector``, each bucket's ``windows`` in ``StrategyBucket.windows``; the message's other legacy fields
 (``epsilon``, ``explore_p``, ``off_estimate``, ``free``, ``demote``) are left unset.
 """
 
@@ -28,6 +29,7 @@ from services.common.grpc_server import channel
 from services.common.proto_gen.tailspec.v1 import common_pb2, tuner_pb2, tuner_pb2_grpc
 
 SERVICE_NAME = "tailspec.v1.TunerService"
+_WINDOW_FIELDS = ("n", "tokens", "seconds", "tokens_sq", "tokens_seconds", "seconds_sq")  # RateWindow.sums()
 
 
 # ---------------------------------------------------------------------------------------------- conversions
@@ -52,6 +54,10 @@ def table_to_pb(table: Mapping[str, Any]) -> common_pb2.StrategyTable:
             explore=list(b.get("explore", [])),
             probe=list(b.get("probe", [])),
             guarded=list(b.get("guarded", [])),
+            windows=[
+                common_pb2.ArmWindow(arm=n, **dict(zip(_WINDOW_FIELDS, map(float, w))))
+                for n, w in b.get("windows", {}).items()
+            ],
         )
         if b.get("hi") is not None:
             msg.hi = int(b["hi"])
@@ -66,11 +72,21 @@ def table_to_pb(table: Mapping[str, Any]) -> common_pb2.StrategyTable:
         created_at=created,
     )
     pb.ledger.CopyFrom(common_pb2.LedgerSettings(budget=float(table["regret_budget"])))
+    if "window" in table:
+        pb.selector.CopyFrom(
+            common_pb2.SelectorSettings(
+                window=int(table["window"]), min_samples=int(table["min_samples"]), z=float(table["z"])
+            )
+        )
     return pb
 
 
 def table_from_pb(pb: common_pb2.StrategyTable) -> dict[str, Any]:
     """``StrategyTable`` -> the ``BucketedBandit.table()`` dict that ``StrategySelector`` reads."""
+    settings = {}
+    if pb.HasField("selector"):
+        s = pb.selector
+        settings = {"window": int(s.window), "min_samples": int(s.min_samples), "z": float(s.z)}
     return {
         "version": int(pb.version),
         "bucket_edges": list(pb.bucket_edges),
@@ -92,10 +108,12 @@ def table_from_pb(pb: common_pb2.StrategyTable) -> dict[str, Any]:
                 "explore": list(b.explore),
                 "probe": list(b.probe),
                 "guarded": list(b.guarded),
+                "windows": {w.arm: [float(getattr(w, k)) for k in _WINDOW_FIELDS] for w in b.windows},
             }
             for b in pb.buckets
         ],
         "regret_budget": float(pb.ledger.budget),
+        **settings,
     }
 
 
@@ -139,11 +157,23 @@ def check_table_pb(pb: common_pb2.StrategyTable, field: str = "table") -> None:
             check_number(p, f"{f}.explore_p[]", hi=1.0)
         if b.HasField("off_estimate"):
             check_number(b.off_estimate, f"{f}.off_estimate", hi=1e12)
+        for j, w in enumerate(b.windows):
+            if w.arm not in names or w.arm in b.guarded:
+                raise InvalidArgument(
+                    f"{f}.windows[{j}].arm {w.arm[:64]!r} is not a playable arm of the table"
+                )
+            check_number(w.n, f"{f}.windows[{j}].n", hi=1 << 20)
+            for k in _WINDOW_FIELDS[1:]:
+                check_number(getattr(w, k), f"{f}.windows[{j}].{k}", hi=1e30)
     if pb.HasField("demote"):
         d = pb.demote
         check_counter(d.samples, f"{field}.demote.samples", at_least=1, at_most=10**9)
         for name in ("z", "margin", "cv_floor", "stall_cap"):  # the tuner's config bounds them further
             check_number(getattr(d, name), f"{field}.demote.{name}", lo=-1e6, allow_inf=True)
+    if pb.HasField("selector"):
+        check_counter(pb.selector.window, f"{field}.selector.window", at_least=2, at_most=1 << 20)
+        check_counter(pb.selector.min_samples, f"{field}.selector.min_samples", at_least=2, at_most=1 << 20)
+        check_number(pb.selector.z, f"{field}.selector.z", hi=1e6)
     if pb.HasField("ledger"):
         check_number(pb.ledger.budget, f"{field}.ledger.budget", hi=1.0, lo_open=True)
         check_number(pb.ledger.cap, f"{field}.ledger.cap", allow_inf=True)

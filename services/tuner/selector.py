@@ -3,11 +3,14 @@
 ``StrategySelector`` implements the engine's ``StrategySelector`` protocol (``speculative/strategy.py``). Per
 decode step it finds the active batch size's bucket in its copy of the central table (``bandit.py``) and plays:
 
-0. the bucket's *best*: the table's, unless this selector's own steps since the table arrived say otherwise.
-   Per (bucket, arm) it keeps its own window of (tokens, seconds) records (``RateWindow``, the table's
-   ``window`` and ``min_samples``); an arm's estimate is its own window's when that has ``min_samples``
-   records, else the table's (``estimates``). The best is off unless an arm is reliably faster than off (the
-   table's ``z``), then the fastest such arm: the bandit's rule (``bandit.py``) on fresher evidence. Within a
+0. the bucket's *best*: the table's, re-judged on this selector's own steps since the table arrived. Per
+   (bucket, arm) it continues the central sliding window: its own records (``RateWindow``, the table's
+   ``window`` and ``min_samples``) fill the window and the central window's sums (the table's ``windows``)
+   fill the places left, weighted down as its own records arrive (``RateWindow.estimate(prior=...)``). Among
+   the table's best and the arms it has played, the best is off unless one is reliably faster than off (the
+   table's ``z``), then the fastest such arm: the bandit's rule (``bandit.py``) on fresher evidence (an arm
+   this selector has not played does not displace the table's best, so a gated table's ``off`` stays until
+   its own steps show better). Within a
    rollout (a table is installed at rollout boundaries) the drafters' state moves (a new RL step's history,
    siblings finishing), so the central evidence of earlier rollouts can be stale; the own windows start empty
    with each table;
@@ -15,10 +18,10 @@ decode step it finds the active batch size's bucket in its copy of the central t
    gated arms are never played), the one it played least under this table version,
    while the bucket's *regret budget* has room: exploration's measured extra time over the best arm,
    ``sum(max(0, seconds - tokens / R_best))`` over the probe and exploration steps, is at most
-   ``regret_budget`` times the bucket's time (all its steps' seconds; ``R_best`` is this actor's moving
-   estimate of the best arm's throughput, and nothing is explored before it has one). So exploration costs at
-   most that fraction of the time, plus one step;
-2. else the table's ``best``.
+   ``regret_budget`` times the bucket's time (all its steps' seconds; ``R_best`` is the best arm's estimate of
+   step 0, and nothing is explored before it has one). So exploration costs at most that fraction of the
+   time, plus one step;
+2. else the best of step 0.
 
 Each drafting request's draft length is capped by the length-aware budgets (``budgets.py``, after DAS).
 
@@ -45,12 +48,11 @@ from typing import Any
 from services.rollout_actor.speculative.base import DraftRequest
 from services.rollout_actor.speculative.strategy import OFF, Lease, StepObservation, Strategy
 from services.tuner.arms import Arm, TunerConfigError
-from services.tuner.bandit import BanditConfig, RateWindow, faster
+from services.tuner.bandit import BanditConfig, RateWindow, estimate_from_sums, faster
 from services.tuner.budgets import BudgetConfig, LengthBudgets
 
 CLOCKS = ("auto", "thread", "engine")
 _KEYS = ("batch_size", "arm", "committed_tokens", "seconds", "steps", "explored")  # of an observation
-_ALPHA = 0.05  # weight of a step in the best arm's moving throughput estimate
 
 
 def resolve_clock(clock: str) -> str:
@@ -68,19 +70,12 @@ def resolve_clock(clock: str) -> str:
 
 
 class _Account:
-    """One bucket's regret budget: its time, exploration's extra time, the best arm's moving throughput."""
+    """One bucket's regret budget: its time, exploration's extra time, the seconds of its last best step."""
 
-    __slots__ = ("time", "spent", "tokens", "seconds", "best")
+    __slots__ = ("time", "spent", "step")
 
     def __init__(self) -> None:
-        self.time = self.spent = 0.0
-        self.tokens = self.seconds = 0.0  # moving averages per step of the best arm (0: no estimate yet)
-        self.best = ""  # the arm those averages are of
-
-    def greedy(self, tokens: float, seconds: float) -> None:
-        a = _ALPHA if self.seconds else 1.0
-        self.tokens += a * (tokens - self.tokens)
-        self.seconds += a * (seconds - self.seconds)
+        self.time = self.spent = self.step = 0.0
 
 
 class StrategySelector:
@@ -138,7 +133,7 @@ class StrategySelector:
         self._plays: dict[tuple[int, str], int] = {}
         self._own: dict[int, dict[str, RateWindow]] = {}  # bucket -> arm -> this selector's records
         # per bucket the arms that may be played: the best, the explore and probe lists (never guarded/gated)
-        self._playable = [{r["best"], *r["explore"], *r["probe"]} for r in self._rows]
+        self._playable = [list(dict.fromkeys([r["best"], *r["explore"], *r["probe"]])) for r in self._rows]
         if old is None or [r["lo"] for r in old] != [r["lo"] for r in self._rows]:
             self._accounts = {}
 
@@ -150,37 +145,48 @@ class StrategySelector:
         self.budgets.history.record_many(items)
 
     # ------------------------------------------------------------------ per step
-    def _plan(self, i: int) -> tuple[str, list[str]]:
-        """Bucket ``i``'s best arm and exploration candidates (module docstring, steps 0-1)."""
-        row, own = self._rows[i], self._own.get(i)
+    def _plan(self, i: int) -> tuple[str, list[str], float | None]:
+        """Bucket ``i``'s best arm, exploration candidates and the best's throughput estimate (tokens/s; None:
+        none yet) (module docstring, steps 0-1)."""
+        row, own = self._rows[i], self._own.get(i, {})
+        prior = row.get("windows", {})
         if not own:
-            return row["best"], row["probe"] or row["explore"]
-        ests = {n: tuple(e) for n, e in row.get("estimates", {}).items()}
-        for n, w in own.items():
-            e = w.estimate(self.min_samples)
+            best = row["best"]
+            e = (
+                estimate_from_sums(prior[best][0], prior[best][1:], self.min_samples)
+                if best in prior
+                else None
+            )
+            return best, row["probe"] or row["explore"], e[0] if e else None
+        best, playable = row["best"], self._playable[i]
+        ests = {}
+        for n in playable:
+            w = own.get(n)
+            if w is not None:
+                e = w.estimate(self.min_samples, prior.get(n))
+            elif n in prior:
+                e = estimate_from_sums(prior[n][0], prior[n][1:], self.min_samples)
+            else:
+                e = None
             if e is not None:
                 ests[n] = e
-        playable = self._playable[i]
-        best = row["best"]
+        contenders = {best, *own}  # an arm this selector has not played does not displace the table's best
         off = ests.get(OFF.name)
-        if off is not None:
-            quicker = [(e[0], n) for n, e in ests.items() if n in playable and faster(e, off, self.z)]
+        if off is not None and len(contenders) > 1:
+            quicker = [(ests[n][0], n) for n in contenders if n in ests and faster(ests[n], off, self.z)]
             best = max(quicker)[1] if quicker else OFF.name
         probe = [n for n in row["probe"] if n not in ests]
-        return best, probe or [n for n in playable if n in ests and n != best]
+        cands = probe or [n for n in playable if n in ests and n != best]
+        return best, cands, ests[best][0] if best in ests else None
 
-    def _pick(self, i: int, acc: _Account) -> tuple[Arm, bool]:
-        best_name, cands = self._plan(i)
-        best = self._arms[best_name]
-        if acc.best != best_name:  # another best: its throughput is unknown here
-            acc.tokens = acc.seconds = 0.0
-            acc.best = best_name
-        if not acc.seconds or acc.spent > self.regret_budget * acc.time or not cands:
-            return best, False
+    def _pick(self, i: int, acc: _Account) -> tuple[Arm, bool, float | None]:
+        best, cands, rate = self._plan(i)
+        if not rate or acc.spent >= self.regret_budget * acc.time or not cands:
+            return self._arms[best], False, rate
         k = len(cands)
         j = min(range(k), key=lambda j: (self._plays.get((i, cands[j]), 0), (j - self.seed) % k))
         self._plays[(i, cands[j])] = self._plays.get((i, cands[j]), 0) + 1
-        return self._arms[cands[j]], True
+        return self._arms[cands[j]], True, rate
 
     def choose(self, requests: list[DraftRequest]) -> list[Strategy]:
         """One ``Strategy`` per request for this step (module docstring)."""
@@ -189,9 +195,9 @@ class StrategySelector:
         n = len(requests)
         i = self._bucket_of(n)
         acc = self._accounts.setdefault(i, _Account())
-        arm, explored = self._pick(i, acc)
+        arm, explored, rate = self._pick(i, acc)
         self.choices[arm.name] = self.choices.get(arm.name, 0) + 1
-        self._last = (i, arm, explored, t0)
+        self._last = (i, arm, explored, rate, t0)
         if arm.is_off:
             return [OFF] * n
         alloc = self.budgets.allocate(
@@ -208,7 +214,7 @@ class StrategySelector:
         """The result of the step ``choose`` just picked: recorded, charged to the budget; may grant a lease."""
         if self._last is None:
             return
-        i, arm, explored, t0 = self._last
+        i, arm, explored, rate, t0 = self._last
         self._last = None
         seconds = obs.seconds
         if self.clock == "thread":
@@ -220,10 +226,10 @@ class StrategySelector:
         self._own_record(i, arm.name, obs.committed_tokens, seconds)
         acc = self._accounts[i]
         acc.time += seconds
-        if explored:
-            acc.spent += max(0.0, seconds - obs.committed_tokens * acc.seconds / acc.tokens)
+        if explored:  # its extra time over the best's for the same tokens
+            acc.spent += max(0.0, seconds - obs.committed_tokens / rate)
         else:
-            acc.greedy(obs.committed_tokens, seconds)
+            acc.step = seconds
             if arm.is_off:
                 self._grant(i, acc)
 
@@ -242,7 +248,7 @@ class StrategySelector:
             if budget <= 0:
                 q = self.lease_steps
             else:
-                q = math.ceil((acc.spent - budget * acc.time) / (budget * acc.seconds))
+                q = math.ceil((acc.spent - budget * acc.time) / (budget * acc.step))
         else:
             q = self.lease_steps
         q = min(q, self.lease_steps)
@@ -256,9 +262,11 @@ class StrategySelector:
         """Count the steps played under the lease (if any) in the bucket's time and report them, each timed
         sample carrying the steps since the previous one (the last, the rest); then end the lease."""
         lease, self.lease = self.lease, None
-        if lease is None or lease.taken == 0:
+        if lease is None:
             return
-        i, played, lease.left = self._lease_bucket, lease.taken, 0
+        i, played, lease.left = self._lease_bucket, lease.taken, 0  # left = 0: the engine drops it too
+        if played == 0:
+            return
         self.choices[OFF.name] = self.choices.get(OFF.name, 0) + played
         acc, samples, prev = self._accounts[i], lease.samples or [None], 0
         for k, s in enumerate(samples):
@@ -272,10 +280,10 @@ class StrategySelector:
                 self._rows[i]["lo"] if s is None else s.batch_size, OFF.name, tokens, seconds, at - prev
             )
             if seconds:
-                acc.greedy(tokens, seconds)
+                acc.step = seconds
                 self._own_record(i, OFF.name, tokens, seconds)
             prev = at
-        acc.time += played * acc.seconds
+        acc.time += played * acc.step
         lease.samples.clear()
 
     def _record(self, b: int, arm: str, tokens: float, seconds: float, steps: int, explored=False) -> None:

@@ -146,3 +146,23 @@ def test_a_capture_step_is_counted_not_timed_and_a_bad_clock_is_an_error():
     assert arms["off"]["total"] == 1 and arms["off"]["n"] == 0
     with pytest.raises(TunerConfigError, match="clock"):
         StrategySelector(bandit.table(), clock="wall")
+
+
+def test_within_a_rollout_the_selector_leaves_a_stale_best_for_the_arm_its_own_steps_show_faster():
+    # the central evidence (an earlier rollout) says X is the fastest; in this rollout Z is ~2x faster than X
+    z_arm = "suffix-k8-w1"
+    arms = parse_arms(["off", X, z_arm])
+    bandit = BucketedBandit(arms, BanditConfig(regret_budget=0.05))
+    for _ in range(8):
+        bandit.observe(1, "off", 1, 0.010)
+        bandit.observe(1, X, 4, 0.010)
+        bandit.observe(1, z_arm, 3, 0.010)
+    table = bandit.table()
+    assert table["buckets"][0]["best"] == X and z_arm in table["buckets"][0]["explore"]
+    now = CostModel(profiles={X: ArmProfile(alpha=0.2), z_arm: ArmProfile(alpha=0.9)})
+    assert now.seconds_per_token(BY_NAME[X], 1) > 1.5 * now.seconds_per_token(parse_arms([z_arm])[1], 1)
+    eng = SimEngine(StrategySelector(table, clock="engine"), now, seed=3)
+    eng.run([1] * 600)  # one rollout: no new table
+    late = eng.log[-200:]
+    assert sum(s.arm == z_arm for s in late) >= 0.9 * len(late), [s.arm for s in late[:20]]
+    assert eng.log[0].arm == X  # it starts from the table's best

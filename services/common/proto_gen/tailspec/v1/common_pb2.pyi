@@ -202,7 +202,7 @@ class Arm(_message.Message):
     def __init__(self, name: _Optional[str] = ..., drafter: _Optional[_Union[Drafter, str]] = ..., max_draft_tokens: _Optional[int] = ..., tree_width: _Optional[int] = ..., tree_depth: _Optional[int] = ...) -> None: ...
 
 class StrategyBucket(_message.Message):
-    __slots__ = ("bucket", "lo", "hi", "best", "explore", "probe", "guarded", "explore_p", "off_estimate", "free")
+    __slots__ = ("bucket", "lo", "hi", "best", "explore", "probe", "guarded", "explore_p", "off_estimate", "free", "windows")
     BUCKET_FIELD_NUMBER: _ClassVar[int]
     LO_FIELD_NUMBER: _ClassVar[int]
     HI_FIELD_NUMBER: _ClassVar[int]
@@ -213,6 +213,7 @@ class StrategyBucket(_message.Message):
     EXPLORE_P_FIELD_NUMBER: _ClassVar[int]
     OFF_ESTIMATE_FIELD_NUMBER: _ClassVar[int]
     FREE_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
     bucket: int
     lo: int
     hi: int
@@ -223,7 +224,36 @@ class StrategyBucket(_message.Message):
     explore_p: _containers.RepeatedScalarFieldContainer[float]
     off_estimate: float
     free: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, bucket: _Optional[int] = ..., lo: _Optional[int] = ..., hi: _Optional[int] = ..., best: _Optional[str] = ..., explore: _Optional[_Iterable[str]] = ..., probe: _Optional[_Iterable[str]] = ..., guarded: _Optional[_Iterable[str]] = ..., explore_p: _Optional[_Iterable[float]] = ..., off_estimate: _Optional[float] = ..., free: _Optional[_Iterable[str]] = ...) -> None: ...
+    windows: _containers.RepeatedCompositeFieldContainer[ArmWindow]
+    def __init__(self, bucket: _Optional[int] = ..., lo: _Optional[int] = ..., hi: _Optional[int] = ..., best: _Optional[str] = ..., explore: _Optional[_Iterable[str]] = ..., probe: _Optional[_Iterable[str]] = ..., guarded: _Optional[_Iterable[str]] = ..., explore_p: _Optional[_Iterable[float]] = ..., off_estimate: _Optional[float] = ..., free: _Optional[_Iterable[str]] = ..., windows: _Optional[_Iterable[_Union[ArmWindow, _Mapping]]] = ...) -> None: ...
+
+class ArmWindow(_message.Message):
+    __slots__ = ("arm", "n", "tokens", "seconds", "tokens_sq", "tokens_seconds", "seconds_sq")
+    ARM_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_SQ_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_SQ_FIELD_NUMBER: _ClassVar[int]
+    arm: str
+    n: float
+    tokens: float
+    seconds: float
+    tokens_sq: float
+    tokens_seconds: float
+    seconds_sq: float
+    def __init__(self, arm: _Optional[str] = ..., n: _Optional[float] = ..., tokens: _Optional[float] = ..., seconds: _Optional[float] = ..., tokens_sq: _Optional[float] = ..., tokens_seconds: _Optional[float] = ..., seconds_sq: _Optional[float] = ...) -> None: ...
+
+class SelectorSettings(_message.Message):
+    __slots__ = ("window", "min_samples", "z")
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    MIN_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    Z_FIELD_NUMBER: _ClassVar[int]
+    window: int
+    min_samples: int
+    z: float
+    def __init__(self, window: _Optional[int] = ..., min_samples: _Optional[int] = ..., z: _Optional[float] = ...) -> None: ...
 
 class DemoteSettings(_message.Message):
     __slots__ = ("samples", "z", "margin", "cv_floor", "stall_cap")
@@ -248,7 +278,7 @@ class LedgerSettings(_message.Message):
     def __init__(self, budget: _Optional[float] = ..., cap: _Optional[float] = ...) -> None: ...
 
 class StrategyTable(_message.Message):
-    __slots__ = ("version", "epsilon", "bucket_edges", "arms", "buckets", "drafter_version", "created_at", "demote", "ledger")
+    __slots__ = ("version", "epsilon", "bucket_edges", "arms", "buckets", "drafter_version", "created_at", "demote", "ledger", "selector")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EPSILON_FIELD_NUMBER: _ClassVar[int]
     BUCKET_EDGES_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +288,7 @@ class StrategyTable(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     DEMOTE_FIELD_NUMBER: _ClassVar[int]
     LEDGER_FIELD_NUMBER: _ClassVar[int]
+    SELECTOR_FIELD_NUMBER: _ClassVar[int]
     version: int
     epsilon: float
     bucket_edges: _containers.RepeatedScalarFieldContainer[int]
@@ -267,7 +298,8 @@ class StrategyTable(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     demote: DemoteSettings
     ledger: LedgerSettings
-    def __init__(self, version: _Optional[int] = ..., epsilon: _Optional[float] = ..., bucket_edges: _Optional[_Iterable[int]] = ..., arms: _Optional[_Iterable[_Union[Arm, _Mapping]]] = ..., buckets: _Optional[_Iterable[_Union[StrategyBucket, _Mapping]]] = ..., drafter_version: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., demote: _Optional[_Union[DemoteSettings, _Mapping]] = ..., ledger: _Optional[_Union[LedgerSettings, _Mapping]] = ...) -> None: ...
+    selector: SelectorSettings
+    def __init__(self, version: _Optional[int] = ..., epsilon: _Optional[float] = ..., bucket_edges: _Optional[_Iterable[int]] = ..., arms: _Optional[_Iterable[_Union[Arm, _Mapping]]] = ..., buckets: _Optional[_Iterable[_Union[StrategyBucket, _Mapping]]] = ..., drafter_version: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., demote: _Optional[_Union[DemoteSettings, _Mapping]] = ..., ledger: _Optional[_Union[LedgerSettings, _Mapping]] = ..., selector: _Optional[_Union[SelectorSettings, _Mapping]] = ...) -> None: ...
 
 class ServiceInfo(_message.Message):
     __slots__ = ("service", "instance_id", "address", "version", "started_at", "uptime_seconds", "message")
