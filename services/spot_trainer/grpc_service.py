@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from services.common.grpc_server import channel, from_timestamp, to_timestamp
+from services.common.grpc_client import channel, from_timestamp, to_timestamp
 from services.common.proto_gen.tailspec.v1 import common_pb2, spot_trainer_pb2, spot_trainer_pb2_grpc
 from services.common.validation import (
     MAX_DEADLINE_AHEAD_S,
