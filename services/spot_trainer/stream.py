@@ -64,6 +64,7 @@ from typing import Any
 import torch
 import zmq
 
+from services.common.metrics import METRICS, Metrics
 from services.spot_trainer.buffer import Frame, HiddenStateBuffer
 
 FMT = 1
@@ -270,8 +271,6 @@ _default_metrics_lock = threading.Lock()
 def _stream_counter(metrics: Any = None):
     """``tailspec_stream_frames_dropped_total`` on ``metrics`` (a ``Metrics``), or on a process-wide one."""
     global _default_metrics
-    from services.common.metrics import METRICS, Metrics
-
     metrics = getattr(metrics, "metrics", metrics)  # a TailspecMetrics: its Metrics
     if metrics is None:
         with _default_metrics_lock:
