@@ -55,12 +55,8 @@ from services.common.grpc_server import GrpcServer, expose
 from services.common.hosts import format_address, resolve
 from services.common.proto_gen.tailspec.v1 import spot_trainer_pb2_grpc
 from services.rollout_actor.model import Transformer
-from services.rollout_actor.speculative.eagle import (
-    EagleConfig,
-    EagleDraftModel,
-    EagleTrainer,
-    default_fuse_layers,
-)
+from services.rollout_actor.speculative.eagle_model import EagleConfig, EagleDraftModel, default_fuse_layers
+from services.rollout_actor.speculative.eagle_train import EagleTrainer
 from services.spot_trainer.buffer import HiddenStateBuffer
 from services.spot_trainer.grpc_service import SpotTrainerGrpc
 
