@@ -23,8 +23,8 @@ from typing import Any
 from services.common.enums import drafter_name, state_from_pb, state_pb
 from services.common.grpc_client import channel
 from services.common.proto_gen.tailspec.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from services.common.strategy_table import check_table_pb, table_from_pb, table_to_pb
 from services.common.validation import InvalidArgument
-from services.tuner.grpc_service import check_table_pb, table_from_pb, table_to_pb
 
 SERVICE_NAME = "tailspec.v1.RolloutService"
 
