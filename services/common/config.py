@@ -20,6 +20,8 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from services.common.grpc_auth import REDACTED
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -380,22 +382,13 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(
                 f"config key {key!r} {why} (got {OmegaConf.select(OmegaConf.structured(cfg), key)!r})"
             )
-    from services.tuner.arms import TunerConfigError, parse_arms
-    from services.tuner.bandit import BanditConfig
-    from services.tuner.budgets import BudgetConfig
+    # The one service module the config imports, and only here, in the function: the tuner section is checked
+    # with the tuner's own parsers (services/tuner/config_check.py), while importing the config (every service
+    # does) pulls in no service. Nothing of the tuner imports this module, so there is no cycle.
+    from services.tuner.config_check import TunerConfigError, check_tuner_section
 
     try:
-        if cfg.tuner.arms is not None:
-            parse_arms(cfg.tuner.arms, "tuner.arms")
-        bandit_cfg = BanditConfig.from_dict(cfg.tuner.bandit)
-        BudgetConfig.from_dict(cfg.tuner.budgets)
-        if cfg.tuner.enabled and cfg.tuner.init_state is not None:
-            from services.tuner.arms import default_arms
-            from services.tuner.bandit import BucketedBandit
-            from services.tuner.service import load_state_file
-
-            arms = parse_arms(cfg.tuner.arms, "tuner.arms") if cfg.tuner.arms is not None else default_arms()
-            load_state_file(BucketedBandit(arms, bandit_cfg), cfg.tuner.init_state)  # fails before any start
+        check_tuner_section(cfg.tuner)
     except TunerConfigError as e:
         raise ConfigError(str(e)) from None
 
@@ -450,9 +443,6 @@ def _yaml_words_as_strings(layer: DictConfig, cls: type) -> None:
             _yaml_words_as_strings(value, hint)
         elif isinstance(value, bool) and hint in (str, str | None):
             layer[name] = "on" if value else "off"
-
-
-REDACTED = "<redacted>"
 
 
 def to_yaml(cfg: Config, redact: bool = True) -> str:

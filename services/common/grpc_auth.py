@@ -21,12 +21,11 @@ from typing import Any
 
 import grpc
 
-from services.common.config import REDACTED
-
 DEFAULT_HOST = "127.0.0.1"
 TOKEN_ENV = "TAILSPEC_GRPC_TOKEN"  # an operator-chosen run token (else one is generated per run)
 TOKEN_FILE = "grpc_token"  # <run_dir>/grpc_token: the run's token, mode 0600, read by `tailspec status`
 AUTH_HEADER = "authorization"
+REDACTED = "<redacted>"  # what a secret reads as in logs, errors and the saved config
 
 
 def is_loopback(host: str) -> bool:

@@ -48,8 +48,8 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-# TOKEN_ENV, new_token, read_token_file, require_token, write_token_file and channel stay importable from here
-# for the pipeline and the tuner, which import them from this module (their own modules: grpc_auth, grpc_client).
+# TOKEN_ENV, new_token, read_token_file and write_token_file stay importable from here for the pipeline, which
+# imports them from this module (their own module is grpc_auth).
 from services.common.grpc_auth import (  # noqa: F401
     DEFAULT_HOST,
     TOKEN_ENV,
@@ -58,10 +58,8 @@ from services.common.grpc_auth import (  # noqa: F401
     check_bind,
     new_token,
     read_token_file,
-    require_token,
     write_token_file,
 )
-from services.common.grpc_client import channel  # noqa: F401
 from services.common.hosts import format_address, resolve
 
 log = logging.getLogger(__name__)
