@@ -14,7 +14,9 @@ from typing import Any
 from services.common.grpc_auth import require_token
 from services.common.grpc_server import GrpcServer, expose
 from services.common.proto_gen.tailspec.v1 import coordinator_pb2_grpc
-from services.coordinator.client import CoordinatorClient  # noqa: F401 - the pipeline's control plane imports it from here
+
+# CoordinatorClient stays importable from here: the pipeline's control plane imports it from this module.
+from services.coordinator.client import CoordinatorClient  # noqa: F401
 from services.coordinator.coordinator import Coordinator
 from services.coordinator.grpc_service import CoordinatorService
 
