@@ -10,15 +10,19 @@ file), so a typo never runs silently with a default.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from services.common.grpc_auth import REDACTED
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -284,6 +288,25 @@ def _non_finite(node: Any, prefix: str = "") -> str | None:
     return None
 
 
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}  # sink -> the package it needs
+
+
+def check_loggers(names: Sequence[str], key: str = "trainer.logger") -> str | None:
+    """Why ``names`` is not a valid ``trainer.logger`` (one line naming ``key``), or None when it is."""
+    names = list(names)
+    unknown = [n for n in names if n not in LOGGERS]
+    if unknown:
+        return f"config key {key!r}: unknown logger {unknown[0]!r} (known: {', '.join(LOGGERS)})"
+    if "jsonl" not in names:
+        return f"config key {key!r} must include 'jsonl' (metrics.jsonl is the run's record; got {names})"
+    for n in names:
+        pkg = _PACKAGES.get(n)
+        if pkg and importlib.util.find_spec(pkg) is None:
+            return f"config key {key!r} names {n!r}, but the {pkg!r} package is not installed (pip install {pkg})"
+    return None
+
+
 def _validate(cfg: Config) -> None:
     bad = _non_finite(cfg)
     if bad:
@@ -383,27 +406,16 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(
                 f"config key {key!r} {why} (got {OmegaConf.select(OmegaConf.structured(cfg), key)!r})"
             )
-    from services.pipeline.sinks import check_loggers
-
     bad_logger = check_loggers(cfg.trainer.logger)
     if bad_logger:
         raise ConfigError(bad_logger)
-    from services.tuner.arms import TunerConfigError, parse_arms
-    from services.tuner.bandit import BanditConfig
-    from services.tuner.budgets import BudgetConfig
+    # The one service module the config imports, and only here, in the function: the tuner section is checked
+    # with the tuner's own parsers (services/tuner/config_check.py), while importing the config (every service
+    # does) pulls in no service. Nothing of the tuner imports this module, so there is no cycle.
+    from services.tuner.config_check import TunerConfigError, check_tuner_section
 
     try:
-        if cfg.tuner.arms is not None:
-            parse_arms(cfg.tuner.arms, "tuner.arms")
-        bandit_cfg = BanditConfig.from_dict(cfg.tuner.bandit)
-        BudgetConfig.from_dict(cfg.tuner.budgets)
-        if cfg.tuner.enabled and cfg.tuner.init_state is not None:
-            from services.tuner.arms import default_arms
-            from services.tuner.bandit import BucketedBandit
-            from services.tuner.service import load_state_file
-
-            arms = parse_arms(cfg.tuner.arms, "tuner.arms") if cfg.tuner.arms is not None else default_arms()
-            load_state_file(BucketedBandit(arms, bandit_cfg), cfg.tuner.init_state)  # fails before any start
+        check_tuner_section(cfg.tuner)
     except TunerConfigError as e:
         raise ConfigError(str(e)) from None
 
@@ -458,9 +470,6 @@ def _yaml_words_as_strings(layer: DictConfig, cls: type) -> None:
             _yaml_words_as_strings(value, hint)
         elif isinstance(value, bool) and hint in (str, str | None):
             layer[name] = "on" if value else "off"
-
-
-REDACTED = "<redacted>"
 
 
 def to_yaml(cfg: Config, redact: bool = True) -> str:

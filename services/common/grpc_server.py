@@ -1,15 +1,17 @@
-"""gRPC serving for tailspec services: a ``grpc.aio`` server on its own thread, health, token auth, clients.
+"""gRPC serving for tailspec services: a ``grpc.aio`` server on its own thread, with health and token auth.
 
 Every actor serves its control-plane service (``protos/tailspec/v1``) with ``GrpcServer``. The server runs in
 a background thread with its own event loop, so a plain synchronous Python object, a sync Ray actor and an
 async Ray actor can all host it without giving up their own thread or loop::
 
-    from services.common.grpc_server import GrpcServer, channel, expose
+    from services.common.grpc_client import channel
+    from services.common.grpc_server import GrpcServer, expose
     from services.common.proto_gen.tailspec.v1 import coordinator_pb2, coordinator_pb2_grpc
 
-    server = GrpcServer([expose(coordinator_pb2_grpc.CoordinatorServiceServicer, coordinator)], port=50051)
+    server = GrpcServer([expose(coordinator_pb2_grpc.CoordinatorServiceServicer, coordinator)], port=50051,
+                        token=token)
     port = server.start()                      # bound port (useful with port=0)
-    with channel(f"127.0.0.1:{port}") as ch:
+    with channel(f"127.0.0.1:{port}", token) as ch:
         status = coordinator_pb2_grpc.CoordinatorServiceStub(ch).GetStatus(common_pb2.GetStatusRequest())
     server.stop()
 
@@ -21,50 +23,47 @@ async Ray actor can all host it without giving up their own thread or loop::
 - Health: the standard ``grpc.health.v1.Health`` service answers SERVING for ``""`` and for each service's
   full name (``tailspec.v1.CoordinatorService``) while the server runs; ``set_serving(name, False)`` flips
   one, ``stop()`` flips all to NOT_SERVING before shutting down.
-- Security: every tailspec service requires a per-run secret on every call, loopback included
-  (``require_token``; ``new_token()`` makes one, the pipeline hands it to its actors through Ray and writes it
-  to ``<run_dir>/grpc_token``, mode 0600, for ``tailspec status``). Bound to ``127.0.0.1`` by default. A
-  non-loopback host (``0.0.0.0``, a pod IP, a hostname) is
-  refused with ``ValueError`` unless a ``token`` or ``tls`` is configured. With a token, every call (health
-  included, unless ``public_health=True`` for Kubernetes gRPC probes, which cannot send metadata) must carry
-  ``authorization: Bearer <token>`` metadata, else it fails with ``UNAUTHENTICATED``. With ``tls`` the port is
-  a TLS port (optionally requiring client certificates). ``channel(address, token)`` adds the metadata.
+- Security (``services/common/grpc_auth.py``): bound to ``127.0.0.1`` by default. A non-loopback host
+  (``0.0.0.0``, a pod IP, a hostname) is refused with ``ValueError`` unless a ``token`` or ``tls`` is
+  configured. With a token, every call (health included, unless ``public_health=True`` for Kubernetes gRPC
+  probes, which cannot send metadata) must carry ``authorization: Bearer <token>`` metadata, else it fails
+  with ``UNAUTHENTICATED``. With ``tls`` the port is a TLS port (optionally requiring client certificates).
+- Clients (``services/common/grpc_client.py``): ``channel(address, token)`` adds the metadata.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import hmac
 import inspect
-import ipaddress
 import logging
-import os
-import secrets
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
 from google.protobuf import json_format, message_factory
 from google.protobuf.message import Message
-from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.common.config import REDACTED
+# TOKEN_ENV, new_token, read_token_file and write_token_file stay importable from here for the pipeline, which
+# imports them from this module (their own module is grpc_auth).
+from services.common.grpc_auth import (  # noqa: F401
+    DEFAULT_HOST,
+    TOKEN_ENV,
+    TlsConfig,
+    TokenAuthInterceptor,
+    check_bind,
+    new_token,
+    read_token_file,
+    write_token_file,
+)
+from services.common.hosts import format_address, resolve
 
 log = logging.getLogger(__name__)
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_COORDINATOR_PORT = 50051
-TOKEN_ENV = "TAILSPEC_GRPC_TOKEN"  # an operator-chosen run token (else one is generated per run)
-TOKEN_FILE = "grpc_token"  # <run_dir>/grpc_token: the run's token, mode 0600, read by `tailspec status`
-AUTH_HEADER = "authorization"
 HEALTH_SERVICE = "grpc.health.v1.Health"
 
 # Exception type -> status code used by `expose` (first match in MRO order of this mapping wins). An
@@ -78,156 +77,6 @@ DEFAULT_ERROR_CODES: dict[type[BaseException], grpc.StatusCode] = {
     ValueError: grpc.StatusCode.INVALID_ARGUMENT,
     TypeError: grpc.StatusCode.INVALID_ARGUMENT,
 }
-
-
-# ---------------------------------------------------------------------------------------------- security
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback IPs (``127.0.0.0/8``, ``::1``); hostnames count as non-loopback."""
-    h = host.strip().strip("[]")
-    if h.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(h).is_loopback
-    except ValueError:
-        return False
-
-
-def _read(value: bytes | str | os.PathLike | None) -> bytes | None:
-    """PEM bytes as given, or read from a path."""
-    if value is None or isinstance(value, bytes):
-        return value
-    return Path(value).read_bytes()
-
-
-@dataclass
-class TlsConfig:
-    """TLS material (PEM bytes or file paths). ``root_certificates`` + ``require_client_auth`` = mutual TLS."""
-
-    cert_chain: bytes | str | os.PathLike
-    private_key: bytes | str | os.PathLike
-    root_certificates: bytes | str | os.PathLike | None = None
-    require_client_auth: bool = False
-
-    def server_credentials(self) -> grpc.ServerCredentials:
-        if self.require_client_auth and self.root_certificates is None:
-            raise ValueError("TLS require_client_auth needs root_certificates to verify client certificates")
-        return grpc.ssl_server_credentials(
-            [(_read(self.private_key), _read(self.cert_chain))],
-            root_certificates=_read(self.root_certificates),
-            require_client_auth=self.require_client_auth,
-        )
-
-
-def check_bind(host: str, token: str | None, tls: TlsConfig | None) -> None:
-    """Raise ``ValueError`` when ``host`` is not loopback and neither a token nor TLS is configured."""
-    if not is_loopback(host) and not token and tls is None:
-        raise ValueError(
-            f"refusing to serve gRPC on non-loopback host {host!r} without authentication: configure a token "
-            f"(clients send 'authorization: Bearer <token>' metadata; e.g. ${TOKEN_ENV}) or TLS, "
-            f"or bind {DEFAULT_HOST}"
-        )
-
-
-def new_token() -> str:
-    """A fresh per-run secret: 256 bits of URL-safe text, never starting with ``-`` (``tailspec status
-    --token <token>`` would read that as an option)."""
-    return "ts" + secrets.token_urlsafe(32)
-
-
-def require_token(token: str | None, what: str) -> str:
-    """``token`` itself; ``ValueError`` when it is missing (every tailspec service authenticates its callers,
-    loopback included)."""
-    if not token or not isinstance(token, str):
-        raise ValueError(f"{what} needs the run's secret token: every call is authenticated")
-    return token
-
-
-def write_token_file(run_dir: str | os.PathLike, token: str) -> Path:
-    """Write ``token`` to ``run_dir/grpc_token`` with mode 0600 (created so, never readable by others for an
-    instant); returns the path."""
-    path = Path(run_dir) / TOKEN_FILE
-    tmp = path.with_name(f".{TOKEN_FILE}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, (token + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    return path
-
-
-def read_token_file(run_dir: str | os.PathLike) -> str:
-    """The token in ``run_dir/grpc_token``. Raises ``FileNotFoundError``, or ``PermissionError`` when the file
-    is readable by group or others (a leaked secret is refused rather than used)."""
-    path = Path(run_dir) / TOKEN_FILE
-    st = path.stat()
-    if st.st_mode & 0o077:
-        raise PermissionError(f"{path} is readable by others (mode {st.st_mode & 0o777:o}); chmod 600 it")
-    return path.read_text().strip()
-
-
-def redact(text: str, *tokens: str | None) -> str:
-    """``text`` with every occurrence of each non-empty token replaced by ``<redacted>``."""
-    for t in tokens:
-        if t:
-            text = text.replace(t, REDACTED)
-    return text
-
-
-def auth_metadata(token: str) -> tuple[tuple[str, str], ...]:
-    """Call metadata that authenticates against a server configured with ``token``."""
-    return ((AUTH_HEADER, f"Bearer {token}"),)
-
-
-def _authorized(metadata: Iterable[tuple[str, Any]] | None, token: str) -> bool:
-    expected = f"Bearer {token}".encode()
-    for key, value in metadata or ():
-        if key.lower() == AUTH_HEADER:
-            got = value.encode() if isinstance(value, str) else bytes(value)
-            if hmac.compare_digest(got, expected):
-                return True
-    return False
-
-
-class _TokenAuthInterceptor(grpc.aio.ServerInterceptor):
-    """Rejects calls without ``authorization: Bearer <token>`` with UNAUTHENTICATED."""
-
-    def __init__(self, token: str, exempt_prefixes: Sequence[str] = ()):
-        self._token = token
-        self._exempt = tuple(exempt_prefixes)
-
-    async def intercept_service(self, continuation, handler_call_details):
-        method = handler_call_details.method or ""
-        if method.startswith(self._exempt) or _authorized(
-            handler_call_details.invocation_metadata, self._token
-        ):
-            return await continuation(handler_call_details)
-        handler = await continuation(handler_call_details)
-        if handler is None:  # unknown method: let gRPC answer UNIMPLEMENTED
-            return None
-        return _rejecting_handler(handler, method)
-
-
-def _rejecting_handler(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-    async def deny(_request, context):
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{method}: missing or invalid bearer token")
-
-    async def deny_stream(_request, context):
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{method}: missing or invalid bearer token")
-        yield  # pragma: no cover - makes this an async generator
-
-    kw = dict(
-        request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
-    )
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(deny_stream, **kw)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(deny, **kw)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(deny_stream, **kw)
-    return grpc.unary_unary_rpc_method_handler(deny, **kw)
 
 
 # ---------------------------------------------------------------------------------------------- servicers
@@ -431,8 +280,6 @@ class GrpcServer:
     ):
         if not (0 <= int(port) <= 65535):
             raise ValueError(f"port must be in 0..65535, got {port!r}")
-        from services.common.hosts import resolve
-
         requested = host
         host, advertise = resolve(host)  # ``auto``, ``node`` and wildcards: services/common/hosts.py
         check_bind(host, token, tls)
@@ -468,8 +315,6 @@ class GrpcServer:
         reported as the Ray node's IP (``127.0.0.1`` outside Ray), never as ``0.0.0.0``."""
         if self.port is None:
             raise RuntimeError("server not started")
-        from services.common.hosts import format_address
-
         return format_address(self.advertise_host, self.port)
 
     @property
@@ -554,7 +399,7 @@ class GrpcServer:
         interceptors = []
         if self.token:
             exempt = (f"/{HEALTH_SERVICE}/",) if self.public_health else ()
-            interceptors.append(_TokenAuthInterceptor(self.token, exempt))
+            interceptors.append(TokenAuthInterceptor(self.token, exempt))
         server = grpc.aio.server(interceptors=interceptors, options=self.options)
         self._health = grpc_health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -585,174 +430,11 @@ class GrpcServer:
             await self._server.stop(grace)
 
 
-# ---------------------------------------------------------------------------------------------- clients
-class _CallDetails(
-    collections.namedtuple(
-        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
-    ),
-    grpc.ClientCallDetails,
-):
-    pass
-
-
-class _TokenClientInterceptor(
-    grpc.UnaryUnaryClientInterceptor,
-    grpc.UnaryStreamClientInterceptor,
-    grpc.StreamUnaryClientInterceptor,
-    grpc.StreamStreamClientInterceptor,
-):
-    """Adds ``authorization: Bearer <token>`` to every call of a sync channel."""
-
-    def __init__(self, token: str):
-        self._md = auth_metadata(token)
-
-    def _details(self, d):
-        return _CallDetails(
-            d.method,
-            d.timeout,
-            [*(d.metadata or ()), *self._md],
-            d.credentials,
-            getattr(d, "wait_for_ready", None),
-            getattr(d, "compression", None),
-        )
-
-    def intercept_unary_unary(self, continuation, client_call_details, request):
-        return continuation(self._details(client_call_details), request)
-
-    def intercept_unary_stream(self, continuation, client_call_details, request):
-        return continuation(self._details(client_call_details), request)
-
-    def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
-        return continuation(self._details(client_call_details), request_iterator)
-
-    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
-        return continuation(self._details(client_call_details), request_iterator)
-
-
-def _aio_interceptors(token: str) -> list:
-    md = auth_metadata(token)
-
-    def details(d):
-        metadata = grpc.aio.Metadata(*(tuple(d.metadata) if d.metadata else ()), *md)
-        return d._replace(metadata=metadata)
-
-    class UU(grpc.aio.UnaryUnaryClientInterceptor):
-        async def intercept_unary_unary(self, continuation, client_call_details, request):
-            return await continuation(details(client_call_details), request)
-
-    class US(grpc.aio.UnaryStreamClientInterceptor):
-        async def intercept_unary_stream(self, continuation, client_call_details, request):
-            return await continuation(details(client_call_details), request)
-
-    class SU(grpc.aio.StreamUnaryClientInterceptor):
-        async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
-            return await continuation(details(client_call_details), request_iterator)
-
-    class SS(grpc.aio.StreamStreamClientInterceptor):
-        async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
-            return await continuation(details(client_call_details), request_iterator)
-
-    return [UU(), US(), SU(), SS()]
-
-
-def _channel_credentials(tls_root_certificates, client_cert_chain, client_private_key):
-    return grpc.ssl_channel_credentials(
-        root_certificates=_read(tls_root_certificates),
-        private_key=_read(client_private_key),
-        certificate_chain=_read(client_cert_chain),
-    )
-
-
-def channel(
-    address: str,
-    token: str | None = None,
-    *,
-    tls: bool = False,
-    tls_root_certificates: bytes | str | os.PathLike | None = None,
-    client_cert_chain: bytes | str | os.PathLike | None = None,
-    client_private_key: bytes | str | os.PathLike | None = None,
-    options: Sequence[tuple[str, Any]] = (),
-) -> grpc.Channel:
-    """A synchronous channel to ``address`` (``host:port``); with ``token`` every call carries the bearer
-    metadata. ``tls=True`` (implied by ``tls_root_certificates``) dials TLS, with the system roots when no
-    roots are given; a client certificate and key give mutual TLS. Use as a context manager or ``.close()``."""
-    if tls or tls_root_certificates is not None:
-        creds = _channel_credentials(tls_root_certificates, client_cert_chain, client_private_key)
-        ch = grpc.secure_channel(address, creds, options=list(options))
-    else:
-        ch = grpc.insecure_channel(address, options=list(options))
-    if token:
-        ch = grpc.intercept_channel(ch, _TokenClientInterceptor(token))
-    return ch
-
-
-def aio_channel(
-    address: str,
-    token: str | None = None,
-    *,
-    tls: bool = False,
-    tls_root_certificates: bytes | str | os.PathLike | None = None,
-    client_cert_chain: bytes | str | os.PathLike | None = None,
-    client_private_key: bytes | str | os.PathLike | None = None,
-    options: Sequence[tuple[str, Any]] = (),
-) -> grpc.aio.Channel:
-    """``channel`` for asyncio code (create it inside the running event loop that uses it)."""
-    interceptors = _aio_interceptors(token) if token else None
-    if tls or tls_root_certificates is not None:
-        creds = _channel_credentials(tls_root_certificates, client_cert_chain, client_private_key)
-        return grpc.aio.secure_channel(address, creds, options=list(options), interceptors=interceptors)
-    return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)
-
-
-def to_timestamp(t: float | None = None) -> Timestamp:
-    """``time.time()`` seconds (now when None) -> ``google.protobuf.Timestamp``."""
-    ts = Timestamp()
-    ts.FromNanoseconds(int(round((time.time() if t is None else float(t)) * 1e9)))
-    return ts
-
-
-def from_timestamp(msg: Any, name: str) -> float | None:
-    """Seconds of the Timestamp field ``name`` of ``msg``; None when unset."""
-    if not msg.HasField(name):
-        return None
-    return getattr(msg, name).ToNanoseconds() / 1e9
-
-
-def health_check(
-    address: str, service: str = "", token: str | None = None, timeout: float = 5.0, **kw
-) -> str:
-    """The health status name (``SERVING``, ``NOT_SERVING``, ...) of ``service`` at ``address``.
-    Raises ``grpc.RpcError`` (e.g. NOT_FOUND for an unknown service, UNAVAILABLE when nothing listens)."""
-    with channel(address, token, **kw) as ch:
-        resp = health_pb2_grpc.HealthStub(ch).Check(
-            health_pb2.HealthCheckRequest(service=service), timeout=timeout
-        )
-    return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
-
-
 __all__ = [
-    "DEFAULT_COORDINATOR_PORT",
     "DEFAULT_ERROR_CODES",
-    "DEFAULT_HOST",
-    "REDACTED",
-    "TOKEN_ENV",
-    "TOKEN_FILE",
+    "HEALTH_SERVICE",
     "GrpcServer",
     "ServiceBinding",
-    "TlsConfig",
-    "aio_channel",
-    "auth_metadata",
     "binding_for",
-    "channel",
-    "check_bind",
     "expose",
-    "from_timestamp",
-    "health_check",
-    "is_loopback",
-    "new_token",
-    "read_token_file",
-    "redact",
-    "require_token",
-    "to_timestamp",
-    "write_token_file",
 ]

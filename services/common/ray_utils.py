@@ -14,6 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from services.common.placement import TRAINER_RESOURCE
+
 
 def init_ray(
     address: str | None = None,
@@ -45,8 +47,6 @@ def init_ray(
     if address:
         ray.init(address=address, runtime_env=env, log_to_driver=True)
         return f"joined Ray cluster at {address}"
-    from services.common.placement import TRAINER_RESOURCE
-
     kw: dict[str, Any] = dict(
         num_cpus=num_cpus or os.cpu_count(),
         include_dashboard=False,

@@ -24,7 +24,8 @@ from pathlib import Path
 import grpc
 from google.protobuf import json_format
 
-from services.common.grpc_server import DEFAULT_COORDINATOR_PORT, TOKEN_ENV, channel, read_token_file
+from services.common.grpc_auth import TOKEN_ENV, read_token_file
+from services.common.grpc_client import DEFAULT_COORDINATOR_PORT, channel
 from services.common.proto_gen.tailspec.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 ADDRESS_ENV = "TAILSPEC_COORDINATOR_ADDRESS"

@@ -1,4 +1,5 @@
-"""Worker states of the coordinator's per-worker state machine, and the table of legal transitions.
+"""The coordinator's per-worker state machine: the table of legal transitions between ``WorkerState``s
+(the enum itself is shared, in ``services/common/enums.py``).
 
 Contract
 --------
@@ -20,20 +21,7 @@ update needs them back.
 
 from __future__ import annotations
 
-from enum import StrEnum
-
-
-class WorkerState(StrEnum):
-    """A ``str`` enum (``StrEnum``): ``WorkerState.IDLE == "IDLE"``, JSON-friendly."""
-
-    STARTING = "STARTING"
-    ROLLOUT = "ROLLOUT"
-    IDLE = "IDLE"
-    TRAINING = "TRAINING"
-    PREEMPTING = "PREEMPTING"
-    FAILED = "FAILED"
-    STOPPED = "STOPPED"
-
+from services.common.enums import WorkerState
 
 S = WorkerState
 

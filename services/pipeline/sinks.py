@@ -15,29 +15,12 @@ list items by index, booleans as 0/1; strings, None and non-finite numbers left 
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
-_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}  # sink -> the package it needs
-
-
-def check_loggers(names: Sequence[str], key: str = "trainer.logger") -> str | None:
-    """Why ``names`` is not a valid ``trainer.logger`` (one line naming ``key``), or None when it is."""
-    names = list(names)
-    unknown = [n for n in names if n not in LOGGERS]
-    if unknown:
-        return f"config key {key!r}: unknown logger {unknown[0]!r} (known: {', '.join(LOGGERS)})"
-    if "jsonl" not in names:
-        return f"config key {key!r} must include 'jsonl' (metrics.jsonl is the run's record; got {names})"
-    for n in names:
-        pkg = _PACKAGES.get(n)
-        if pkg and importlib.util.find_spec(pkg) is None:
-            return f"config key {key!r} names {n!r}, but the {pkg!r} package is not installed (pip install {pkg})"
-    return None
+from services.common.config import LOGGERS, check_loggers
 
 
 def scalars(row: Mapping[str, Any], prefix: str = "") -> dict[str, float]:

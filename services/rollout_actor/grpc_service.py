@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from services.common.grpc_server import channel
+from services.common.enums import drafter_name, state_from_pb, state_pb
+from services.common.grpc_client import channel
 from services.common.proto_gen.tailspec.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from services.common.strategy_table import check_table_pb, table_from_pb, table_to_pb
 from services.common.validation import InvalidArgument
-from services.coordinator.service import state_from_pb, state_pb
-from services.tuner.grpc_service import check_table_pb, table_from_pb, table_to_pb
 
 SERVICE_NAME = "tailspec.v1.RolloutService"
 
@@ -43,7 +43,7 @@ class RolloutGrpc:
         have = getattr(self.worker, "drafters", None)
         if have is not None:
             for a in req.table.arms:
-                name = common_pb2.Drafter.Name(a.drafter).removeprefix("DRAFTER_").lower()
+                name = drafter_name(a.drafter)
                 if name != "off" and name not in have:
                     raise InvalidArgument(
                         f"table.arms: arm {a.name!r} needs drafter {name!r}, not on this actor"

@@ -1,4 +1,4 @@
-"""RolloutWorker: one rollout actor's state, plain Python (the Ray actor in ``actor.py`` only wraps it).
+"""RolloutWorker: one rollout actor's state, plain Python (the pipeline runs it as a Ray actor as it is).
 
 It owns a copy of the policy (``Transformer``), the tokenizer and a decoding ``Engine``; it decodes the shard
 of requests the driver assigns it and returns finished responses with per-request timings and the worker's
@@ -21,102 +21,32 @@ import logging
 import os
 import threading
 import time
-import zlib
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from services.rollout_actor.engine import Engine, GenerationRequest, RequestOutput, SamplingParams, StepRecord
+from services.common.grpc_auth import require_token
+from services.common.grpc_server import GrpcServer, expose
+from services.common.metrics import bucket_label, process_metrics
+from services.common.proto_gen.tailspec.v1 import rollout_pb2_grpc
+from services.common.validation import InvalidArgument
+from services.coordinator.client import CoordinatorClient
+from services.rollout_actor.drafters import build_drafters, published_drafter_folder, strategy_from_config
+from services.rollout_actor.engine import Engine, GenerationRequest, SamplingParams
+from services.rollout_actor.grpc_service import RolloutGrpc
 from services.rollout_actor.model import Transformer
-from services.rollout_actor.speculative.base import Drafter
+from services.rollout_actor.shard import RolloutRequest, ShardResult, streams_hidden
+from services.rollout_actor.speculative.hybrid import HybridDrafter
 from services.rollout_actor.speculative.stats import aggregate, long_tail_seconds
 from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy, StrategySelector
-
-
-def build_drafters(
-    target: Transformer | None = None,
-    names: list[str] | tuple[str, ...] = ("suffix", "ngram"),
-    learned: dict | None = None,
-) -> dict[str, Drafter]:
-    """Drafters by name: ``suffix``, ``ngram``, and with ``learned`` (and a target) ``learned`` + ``hybrid``.
-
-    ``learned``: {checkpoint: EAGLE folder or None (a fresh, seeded draft head), eagle3: bool, seed: int,
-    hybrid_threshold: float}. ``hybrid`` shares the ``suffix`` and ``learned`` instances (no duplicate history).
-    """
-    from services.rollout_actor.speculative.ngram import NgramDrafter
-    from services.rollout_actor.speculative.suffix_tree import SuffixTreeDrafter
-
-    make = {"suffix": SuffixTreeDrafter, "ngram": NgramDrafter}
-    unknown = [n for n in names if n not in make]
-    if unknown:
-        raise ValueError(f"unknown drafter(s) {unknown}; known: {sorted(make)}")
-    out: dict[str, Drafter] = {n: make[n]() for n in names}
-    if learned is not None and target is not None:
-        from services.rollout_actor.speculative.eagle import EagleConfig, EagleDrafter, default_fuse_layers
-        from services.rollout_actor.speculative.hybrid import HybridDrafter
-
-        if learned.get("checkpoint"):
-            eagle = EagleDrafter.from_pretrained(learned["checkpoint"], target)
-        else:
-            fuse = default_fuse_layers(target.config.num_hidden_layers) if learned.get("eagle3") else None
-            eagle = EagleDrafter(
-                target, config=EagleConfig(fuse_layers=fuse, seed=int(learned.get("seed", 0)))
-            )
-        out["learned"] = eagle
-        if "suffix" in out:
-            out["hybrid"] = HybridDrafter(
-                out["suffix"], eagle, float(learned.get("hybrid_threshold", 1.0)), forward_events=False
-            )
-    return out
-
+from services.spot_trainer.buffer import Frame
+from services.spot_trainer.stream import HiddenStateSender
+from services.spot_trainer.trainer import load_published
+from services.tuner.budgets import BudgetConfig
+from services.tuner.grpc_service import TunerClient
+from services.tuner.selector import StrategySelector as TunedSelector
 
 _UNDECIDED = object()  # a request whose hidden-state streaming is not decided yet
-
-
-def streams_hidden(request_id: str, fraction: float) -> bool:
-    """Whether request ``request_id``'s hidden states go to the spot trainer when a ``fraction`` (0..1] of
-    requests is streamed: a hash of the id, so the choice is the same on every worker and every run."""
-    return zlib.crc32(request_id.encode()) % 10_000 < fraction * 10_000
-
-
-def strategy_from_config(spec: dict | None) -> Strategy:
-    """``rollout.speculative`` (enabled, drafter, max_draft_tokens, tree_width, tree_depth) -> Strategy."""
-    if not spec or not spec.get("enabled") or spec.get("drafter", "off") == "off":
-        return Strategy()
-    return Strategy(
-        spec["drafter"],
-        int(spec["max_draft_tokens"]),
-        int(spec.get("tree_width", 1)),
-        int(spec.get("tree_depth", 0)),
-    )
-
-
-@dataclass
-class RolloutRequest:
-    """A request as the driver sends it (plain data, picklable)."""
-
-    request_id: str
-    problem_id: str
-    prompt_ids: list[int]
-    seed: int
-
-
-@dataclass
-class ShardResult:
-    worker: int
-    policy_version: int
-    started_at: float  # wall clock (time.time()) when decoding started
-    finished_at: float  # wall clock when the worker's last request finished
-    outputs: list[RequestOutput]
-    steps: list[StepRecord]
-    choices: dict | None = None  # tuner arm -> decode steps it was chosen for (None without a tuner)
-    # bucket label ('8-15') -> tuner arm -> decode steps, from the observations reported to the tuner
-    choices_by_bucket: dict | None = None
-    observations_reported: int = 0  # records sent to the tuner after this shard (leased steps ride on them)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class _LiveStepLog(list):
@@ -135,8 +65,6 @@ class _LiveStepLog(list):
 def choices_by_bucket(observations: list[dict], edges: list[int]) -> dict[str, dict[str, int]]:
     """Decode steps per tuner bucket label (``'8-15'``, ``'256+'``) and arm, from the selector's observations
     (each: ``batch_size``, ``arm``, ``steps``; ``edges``: the table's ``bucket_edges``)."""
-    from services.common.metrics import bucket_label
-
     out: dict[str, dict[str, int]] = {}
     for ob in observations:
         i = max(0, bisect.bisect_right(edges, int(ob["batch_size"])) - 1)
@@ -200,9 +128,6 @@ class RolloutWorker:
         self._pre_rollout_state: dict | None = None
         self.tuned = None
         if tuner_table is not None and selector is None:
-            from services.tuner.budgets import BudgetConfig
-            from services.tuner.selector import StrategySelector as TunedSelector
-
             self.tuned = TunedSelector(
                 tuner_table, BudgetConfig.from_dict(tuner_budgets or {}), seed=worker_id
             )
@@ -221,8 +146,6 @@ class RolloutWorker:
         self._hb_stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
         self._history_thread: threading.Thread | None = None  # indexes a rollout's responses afterwards
-        from services.common.metrics import process_metrics
-
         self._metrics = process_metrics(metrics)  # live tailspec_active_batch_size (None: metrics off)
         self._set_batch_size(0)
 
@@ -230,10 +153,6 @@ class RolloutWorker:
     def serve(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> str:
         """Serve ``tailspec.v1.RolloutService`` (plus health) from this process; returns ``host:port``. Every
         call must carry ``token`` (required)."""
-        from services.common.grpc_server import GrpcServer, expose, require_token
-        from services.common.proto_gen.tailspec.v1 import rollout_pb2_grpc
-        from services.rollout_actor.grpc_service import RolloutGrpc
-
         adapter = RolloutGrpc(self)
         self.server = GrpcServer(
             [expose(rollout_pb2_grpc.RolloutServiceServicer, adapter)],
@@ -268,8 +187,6 @@ class RolloutWorker:
         restarted coordinator's address, the actor re-registers in its own view of its state (ROLLOUT while
         decoding, else the last state the coordinator told it), which the new coordinator adopts. Returns
         the state the coordinator holds for this actor."""
-        from services.coordinator.service import CoordinatorClient
-
         old, self._coordinator = self._coordinator, CoordinatorClient(address, token)
         if old is not None:
             old.close()
@@ -312,8 +229,6 @@ class RolloutWorker:
 
     def connect_tuner(self, address: str, token: str | None = None) -> bool:
         """Report this actor's decode-step observations to the tuner at the end of every rollout share."""
-        from services.tuner.grpc_service import TunerClient
-
         self._tuner = TunerClient(address, token)
         return self.tuned is not None
 
@@ -340,36 +255,11 @@ class RolloutWorker:
         ``InvalidArgument`` for a version < 1, a relative path, a path outside the run's folder (symlinks
         resolved) or another version's folder, and when this actor has no learned drafter or no folder;
         ``Refused`` (NOT_FOUND) when the version is not published there (complete, marker written)."""
-        from services.common.validation import InvalidArgument, Refused, check_counter
-        from services.spot_trainer.trainer import MARKER, PUBLISHED_TENSORS, STATE_JSON
-
         if "learned" not in self.drafters:
             raise InvalidArgument(f"worker {self.worker_id} has no learned drafter")
         if self.drafter_dir is None:
             raise InvalidArgument(f"worker {self.worker_id} has no published-drafter folder to load from")
-        version = check_counter(version, "drafter.version", at_least=1)
-        root = self.drafter_dir
-        folder = root / f"v{version:09d}"
-        if path:
-            given = Path(path)
-            if not given.is_absolute():
-                raise InvalidArgument(f"drafter.checkpoint_path {str(path)[:200]!r} is not absolute")
-            real = given.resolve()
-            if not real.is_relative_to(root):
-                raise InvalidArgument(
-                    f"drafter.checkpoint_path {str(path)[:200]!r} is outside the run's drafter folder {root}"
-                )
-            if real != folder.resolve():
-                raise InvalidArgument(
-                    f"drafter.checkpoint_path {str(path)[:200]!r} is not the folder of version {version}"
-                )
-        real = folder.resolve()
-        files = [real / f for f in (MARKER, STATE_JSON, PUBLISHED_TENSORS)]
-        if not real.is_relative_to(root) or not all(
-            f.is_file() and f.resolve().is_relative_to(root) for f in files
-        ):
-            raise Refused(f"drafter version {version} is not published in the run's drafter folder {root}")
-        return real
+        return published_drafter_folder(self.drafter_dir, version, path)
 
     def apply_drafter(self, version: int, path: str | None = None) -> tuple[bool, bool, int]:
         """Load the learned drafter ``version`` from the run's published-drafter folder now, or at the next
@@ -390,8 +280,6 @@ class RolloutWorker:
     def _load_published(self, version: int, path: str) -> None:
         """Load a published drafter (JSON + safetensors, never a pickle); ``ValueError`` leaves the drafter
         as it was."""
-        from services.spot_trainer.trainer import load_published
-
         self.load_drafter(load_published(path), version)
 
     def _apply_pending(self) -> None:
@@ -504,8 +392,6 @@ class RolloutWorker:
         if "learned" not in self.drafters:
             return False
         self._stream_fraction = float(stream_fraction)
-        from services.spot_trainer.stream import HiddenStateSender
-
         if getattr(self, "_sender", None) is not None:  # re-pointed after a replica restart
             self._sender.close()
         self._sender = HiddenStateSender(address, hwm=1024, token=token)
@@ -529,8 +415,6 @@ class RolloutWorker:
         parts = self._pending_hidden.pop(out.request_id, None) if self.hidden_sink else None
         if not parts:
             return
-        from services.spot_trainer.buffer import Frame
-
         pos = torch.tensor([p for ps, _, _ in parts for p in ps], dtype=torch.long)
         tok = torch.tensor([t for _, ts, _ in parts for t in ts], dtype=torch.long)
         hid = torch.cat([h for _, _, h in parts])
@@ -566,8 +450,6 @@ class RolloutWorker:
                 fresh.load_state_dict(copy.deepcopy(self._pre_rollout_state[name]))
             out[name] = fresh
         if "learned" in self.drafters:
-            from services.rollout_actor.speculative.hybrid import HybridDrafter
-
             out["learned"] = self.drafters["learned"]
             if "hybrid" in self.drafters and "suffix" in out:
                 h = self.drafters["hybrid"]

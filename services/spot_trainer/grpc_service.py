@@ -27,9 +27,9 @@ from __future__ import annotations
 import importlib.metadata
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from services.common.grpc_server import channel, from_timestamp, to_timestamp
+from services.common.grpc_client import channel, from_timestamp, to_timestamp
 from services.common.proto_gen.tailspec.v1 import common_pb2, spot_trainer_pb2, spot_trainer_pb2_grpc
 from services.common.validation import (
     MAX_DEADLINE_AHEAD_S,
@@ -38,9 +38,6 @@ from services.common.validation import (
     check_deadline,
     check_id,
 )
-
-if TYPE_CHECKING:
-    from services.spot_trainer.service import SpotTrainerService
 
 try:
     _VERSION = importlib.metadata.version("tailspec")
@@ -204,9 +201,12 @@ def status_from_proto(msg: spot_trainer_pb2.SpotTrainerStatus) -> dict[str, Any]
 # ---------------------------------------------------------------------- server side
 class SpotTrainerGrpc:
     """RPC-named methods (snake_case) over one replica, for ``expose(SpotTrainerServiceServicer, ...)``:
-    request message in, response message out. ``SpotTrainerService.serve()`` wires it up."""
+    request message in, response message out. ``SpotTrainerService.serve()`` wires it up.
 
-    def __init__(self, service: SpotTrainerService):
+    ``service`` is any object with ``SpotTrainerService``'s ``grant``, ``preempt`` and ``status`` (and,
+    optionally, ``policy_version``); this module does not import the replica (no import cycle)."""
+
+    def __init__(self, service: Any):
         self.service = service
 
     def grant(self, req: spot_trainer_pb2.GrantRequest) -> spot_trainer_pb2.GrantResponse:

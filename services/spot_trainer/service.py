@@ -43,36 +43,34 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from services.common.grpc_auth import require_token
+from services.common.grpc_server import GrpcServer, expose
+from services.common.hosts import format_address, resolve
+from services.common.proto_gen.tailspec.v1 import spot_trainer_pb2_grpc
 from services.rollout_actor.model import Transformer
-from services.rollout_actor.speculative.eagle import (
-    EagleConfig,
-    EagleDraftModel,
-    EagleTrainer,
-    default_fuse_layers,
-)
+from services.rollout_actor.speculative.eagle_model import EagleConfig, EagleDraftModel, default_fuse_layers
+from services.rollout_actor.speculative.eagle_train import EagleTrainer
 from services.spot_trainer.buffer import HiddenStateBuffer
+from services.spot_trainer.grpc_service import SpotTrainerGrpc
+
+# published_dir and sync_replicas stay importable from here for the pipeline's control plane and benchmarks.
+from services.spot_trainer.replicas import (  # noqa: F401
+    lower_thread_priority,
+    published_dir,
+    replica_ckpt_dir,
+    sync_replicas,
+)
 from services.spot_trainer.stream import HiddenStateReceiver
-from services.spot_trainer.trainer import SpotTrainer, average_state_dicts, latest_published
+from services.spot_trainer.trainer import SpotTrainer, latest_published
 
 SERVICE_NAME = "tailspec.v1.SpotTrainerService"
-PUBLISHED_DIR = "published"
-
-
-def replica_ckpt_dir(ckpt_dir: str | os.PathLike, replica: int) -> Path:
-    """Checkpoint folder of one replica: ``ckpt_dir/replica_<replica>``."""
-    return Path(ckpt_dir) / f"replica_{int(replica)}"
-
-
-def published_dir(ckpt_dir: str | os.PathLike) -> Path:
-    """Folder of the published drafter versions, shared by the pool: ``ckpt_dir/published``."""
-    return Path(ckpt_dir) / PUBLISHED_DIR
 
 
 class _TrainerState:
@@ -124,38 +122,6 @@ class _Grant:
 def _metric(m: Mapping[str, Any], key: str) -> float | None:
     v = m.get(key)
     return None if v is None else float(v)
-
-
-def sync_replicas(replicas_states: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor] | None:
-    """Parameter averaging across replicas (local SGD): the weighted mean of the draft-head states of the
-    replicas that trained since the last sync.
-
-    Args:
-        replicas_states: ``head_state()`` answers, one per replica: ``{"state": state dict,
-            "steps_since_sync": int}``.
-    Returns: the mean state dict (weights = ``steps_since_sync``; ``trainer.average_state_dicts``), to be
-        loaded into every replica with ``load_head``; None when no replica trained since the last sync.
-    Raises: ValueError when a state lacks a key or the states' structures differ.
-    """
-    trained = [s for s in replicas_states if int(s["steps_since_sync"]) > 0]
-    if not trained:
-        return None
-    return average_state_dicts([s["state"] for s in trained], [int(s["steps_since_sync"]) for s in trained])
-
-
-def lower_thread_priority(increment: int) -> int | None:
-    """Raise the calling thread's nice value by ``increment`` (Linux keeps nice per thread; threads it starts
-    later inherit it). Returns the new nice value, or None where the OS does not support it (then nothing
-    changes: lower priority is an optimisation, never a requirement)."""
-    if increment <= 0 or not hasattr(os, "setpriority"):
-        return None
-    try:
-        tid = threading.get_native_id()
-        now = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, now + increment))
-        return os.getpriority(os.PRIO_PROCESS, tid)
-    except OSError:
-        return None
 
 
 class SpotTrainerService:
@@ -222,8 +188,6 @@ class SpotTrainerService:
         self.policy_version = 0  # as told by update_policy / set_policy_version (through Ray, trusted)
         self._stream_advertise = None
         if stream_host is not None:  # grpc.host's rule (services/common/hosts.py), resolved on this node
-            from services.common.hosts import format_address, resolve
-
             bind, self._stream_advertise = resolve(stream_host)
             address = "tcp://" + format_address(bind, 0).rsplit(":", 1)[0] + ":*"
         self.receiver = HiddenStateReceiver(
@@ -274,8 +238,6 @@ class SpotTrainerService:
         e.g. the node IP for a wildcard bind)."""
         if self._stream_advertise is None:
             return self.receiver.address
-        from services.common.hosts import format_address
-
         port = int(self.receiver.address.rsplit(":", 1)[1])
         return "tcp://" + format_address(self._stream_advertise, port)
 
@@ -564,10 +526,6 @@ class SpotTrainerService:
         Every call must carry ``token`` (required: ValueError without one)."""
         if self._grpc is not None:
             return self._grpc.address
-        from services.common.grpc_server import GrpcServer, expose, require_token
-        from services.common.proto_gen.tailspec.v1 import spot_trainer_pb2_grpc
-        from services.spot_trainer.grpc_service import SpotTrainerGrpc
-
         adapter = SpotTrainerGrpc(self)
         # The service is thread-safe: no call lock, so GetStatus answers while a Preempt waits for a step.
         server = GrpcServer(

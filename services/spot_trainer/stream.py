@@ -64,6 +64,7 @@ from typing import Any
 import torch
 import zmq
 
+from services.common.metrics import METRICS, Metrics, installed_process_metrics
 from services.spot_trainer.buffer import Frame, HiddenStateBuffer
 
 FMT = 1
@@ -271,8 +272,6 @@ def _stream_counter(metrics: Any = None):
     """``tailspec_stream_frames_dropped_total`` on ``metrics`` (a ``Metrics``), else on the driver's (installed
     when the spot trainer runs in its process), else on a process-wide one."""
     global _default_metrics
-    from services.common.metrics import METRICS, Metrics, installed_process_metrics
-
     if metrics is None:
         metrics = installed_process_metrics()
     metrics = getattr(metrics, "metrics", metrics)  # a TailspecMetrics: its Metrics

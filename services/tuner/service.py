@@ -17,8 +17,12 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from services.common.grpc_auth import require_token
+from services.common.grpc_server import GrpcServer, expose
+from services.common.proto_gen.tailspec.v1 import tuner_pb2_grpc
 from services.tuner.arms import Arm, Drafter, TunerConfigError, default_arms, parse_arms
 from services.tuner.bandit import BanditConfig, BucketedBandit
+from services.tuner.grpc_service import TunerGrpc
 
 
 def load_state_file(bandit: BucketedBandit, path: str, key: str = "tuner.init_state") -> dict:
@@ -87,10 +91,6 @@ class TunerService:
     def serve(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> str:
         """Serve ``tailspec.v1.TunerService`` (plus health) from this process; returns ``host:port``. Every
         call must carry ``token`` (required)."""
-        from services.common.grpc_server import GrpcServer, expose, require_token
-        from services.common.proto_gen.tailspec.v1 import tuner_pb2_grpc
-        from services.tuner.grpc_service import TunerGrpc
-
         adapter = TunerGrpc(self)
         self.server = GrpcServer(
             [expose(tuner_pb2_grpc.TunerServiceServicer, adapter)],

@@ -9,15 +9,9 @@ import ipaddress
 import grpc
 import pytest
 
-from services.common.grpc_server import (
-    GrpcServer,
-    TlsConfig,
-    aio_channel,
-    channel,
-    expose,
-    health_check,
-    is_loopback,
-)
+from services.common.grpc_auth import TlsConfig, is_loopback
+from services.common.grpc_client import aio_channel, channel, health_check
+from services.common.grpc_server import GrpcServer, expose
 from services.common.proto_gen.tailspec.v1 import (
     common_pb2,
     coordinator_pb2,

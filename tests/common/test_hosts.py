@@ -6,7 +6,8 @@ import pytest
 
 from services.common import hosts
 from services.common.config import ConfigError, load_config
-from services.common.grpc_server import GrpcServer, expose, health_check
+from services.common.grpc_client import health_check
+from services.common.grpc_server import GrpcServer, expose
 from services.common.hosts import bind_and_advertise, run_host
 from services.common.placement import (
     TRAINER_RESOURCE,

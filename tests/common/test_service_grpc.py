@@ -8,12 +8,13 @@ import grpc
 import pytest
 
 from services.common.metrics import bucket_label
+from services.common.strategy_table import table_from_pb, table_to_pb
 from services.coordinator.service import CoordinatorActor
 from services.rollout_actor.grpc_service import RolloutClient
 from services.rollout_actor.worker import RolloutRequest, RolloutWorker
 from services.tuner.arms import default_arms
 from services.tuner.bandit import BanditConfig, BucketedBandit
-from services.tuner.grpc_service import TunerClient, table_from_pb, table_to_pb
+from services.tuner.grpc_service import TunerClient
 from services.tuner.service import TunerService
 
 SAMPLING = dict(temperature=0.9, top_p=1.0, top_k=0, max_new_tokens=24)

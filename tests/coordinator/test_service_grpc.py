@@ -6,7 +6,8 @@ import time
 import grpc
 import pytest
 
-from services.coordinator.service import CoordinatorActor, CoordinatorClient
+from services.coordinator.client import CoordinatorClient
+from services.coordinator.service import CoordinatorActor
 
 TOKEN = "test-token"  # every service requires the run's token
 

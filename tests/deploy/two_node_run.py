@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
     import ray
 
     from services.common.config import load_config
-    from services.common.grpc_server import channel, health_check
+    from services.common.grpc_client import channel, health_check
     from services.common.proto_gen.tailspec.v1 import common_pb2, coordinator_pb2_grpc
     from services.common.ray_utils import init_ray
     from services.pipeline.driver import RLDriver

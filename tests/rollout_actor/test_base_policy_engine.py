@@ -16,7 +16,8 @@ from services.pipeline.base_model import has_final_answer_format
 from services.pipeline.datasets import format_prompt, load_gsm8k
 from services.rollout_actor.engine import Engine, GenerationRequest, SamplingParams
 from services.rollout_actor.model import Transformer
-from services.rollout_actor.speculative.eagle import EagleConfig, EagleDrafter
+from services.rollout_actor.speculative.eagle import EagleDrafter
+from services.rollout_actor.speculative.eagle_model import EagleConfig
 from services.rollout_actor.speculative.hybrid import HybridDrafter
 from services.rollout_actor.speculative.ngram import NgramDrafter
 from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy

@@ -22,18 +22,10 @@ from safetensors.torch import load_file
 from services.rollout_actor.engine import Engine, GenerationRequest, SamplingParams
 from services.rollout_actor.model import ModelLoadError, Transformer, init_weights
 from services.rollout_actor.speculative.base import DraftRequest
-from services.rollout_actor.speculative.eagle import (
-    EagleBatch,
-    EagleConfig,
-    EagleDrafter,
-    EagleDraftModel,
-    EagleTrainer,
-    default_fuse_layers,
-    load_eagle_checkpoint,
-    record_features,
-    save_eagle_checkpoint,
-    warmup,
-)
+from services.rollout_actor.speculative.eagle import EagleDrafter
+from services.rollout_actor.speculative.eagle_checkpoint import load_eagle_checkpoint, save_eagle_checkpoint
+from services.rollout_actor.speculative.eagle_model import EagleConfig, EagleDraftModel, default_fuse_layers
+from services.rollout_actor.speculative.eagle_train import EagleBatch, EagleTrainer, record_features, warmup
 from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy
 from tests.conftest import tiny_config
 

@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from services.rollout_actor.worker import RolloutRequest, RolloutWorker, streams_hidden
+from services.rollout_actor.shard import RolloutRequest, streams_hidden
+from services.rollout_actor.worker import RolloutWorker
 from services.spot_trainer.buffer import HiddenStateBuffer
 from services.spot_trainer.stream import HiddenStateReceiver
 

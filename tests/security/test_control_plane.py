@@ -25,7 +25,7 @@ import torch
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from services.common.config import load_config
-from services.coordinator.service import CoordinatorClient
+from services.coordinator.client import CoordinatorClient
 from services.pipeline.driver import RLDriver
 from services.spot_trainer.trainer import MARKER, PUBLISHED_TENSORS, STATE_JSON
 from tests.security.conftest import Payload, attack, hostile_pickle

@@ -10,9 +10,10 @@ import grpc
 import pytest
 
 from services.common.config import load_config, to_yaml
-from services.common.grpc_server import TOKEN_ENV, read_token_file, write_token_file
+from services.common.grpc_auth import TOKEN_ENV, read_token_file, write_token_file
 from services.common.status_cli import main as status_main
-from services.coordinator.service import CoordinatorActor, CoordinatorClient
+from services.coordinator.client import CoordinatorClient
+from services.coordinator.service import CoordinatorActor
 from services.pipeline.control_plane import ControlPlane
 from services.tuner.service import TunerService
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from services.spot_trainer.grpc_service import SpotTrainerClient
-from services.spot_trainer.service import sync_replicas
+from services.spot_trainer.replicas import lower_thread_priority, sync_replicas
 from tests.spot_trainer.conftest import FRAME_LEN, feed, wait_for
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -199,8 +199,6 @@ def test_training_thread_runs_niced_and_the_receiver_does_not(make_service):
     the service's other threads (the hidden-state receiver, the caller) keep their priority."""
     import os
     import threading
-
-    from services.spot_trainer.service import lower_thread_priority
 
     base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     svc = make_service()

@@ -18,10 +18,10 @@ import pytest
 from tokenizers import Tokenizer
 
 from services.pipeline.datasets import format_prompt, load_gsm8k
+from services.rollout_actor.drafters import build_drafters
 from services.rollout_actor.engine import Engine, GenerationRequest, SamplingParams
 from services.rollout_actor.model import Transformer
 from services.rollout_actor.speculative.strategy import FixedStrategy, StepObservation, Strategy
-from services.rollout_actor.worker import build_drafters
 from services.tuner.selector import StrategySelector
 from services.tuner.service import TunerService
 from tests.conftest import BASE_POLICY, GSM8K_DIR
