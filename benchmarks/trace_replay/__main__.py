@@ -159,8 +159,8 @@ def run(args: argparse.Namespace) -> dict:
             bench = ReplayBench(model, problems, batch, args.longtail_batch, args.seed, warm_problems)
             warm = bench.warm(args.warm_passes)
             print(
-                f"[trace_replay]   b={batch}: warm-up ({warm['warm_problems']} other problems x 2 epochs x "
-                f"{warm['passes']}, then the history epoch) {warm['seconds']:.1f}s, exact history "
+                f"[trace_replay]   b={batch}: warm-up (the history epoch, then {warm['warm_problems']} other problems x 2 epochs x "
+                f"{warm['passes']}) {warm['seconds']:.1f}s, exact history "
                 f"{warm['exact']}/{warm['history_requests']}",
                 flush=True,
             )

@@ -180,44 +180,46 @@ class ReplayBench:
     def warm(self, passes: int = 1) -> dict:
         """Warm the adaptive policy up as a long run would have, and record the drafters' history.
 
-        1. ``passes`` times, on the ``warm_problems`` (other than the measured ones; may be none): their
-           history epoch, then their measured epoch drafting with that history (fresh drafters each pass);
-        2. once, the measured problems' history epoch (from fresh drafters: the RL step before the measured
+        1. once, the measured problems' history epoch (from fresh drafters: the RL step before the measured
            one); the suffix drafter's state after it (those responses in its problem and global tries) and the
-           responses' lengths (the length classes) are what every measured run starts from.
+           responses' lengths (the length classes) are what every measured run starts from;
+        2. ``passes`` times, on the ``warm_problems`` (other than the measured ones; may be none): their
+           history epoch, then their measured epoch drafting with that history (fresh drafters each pass).
 
         Everything runs under the adaptive policy, its observations merged into the tuner after every rollout,
-        so its table has seen drafting with and without a history. Returns what it did, with seconds."""
+        so its table has seen drafting with and without a history, and its last rollout drafted with a
+        history, as every RL step after the first does in a long run (the measured runs draft with one).
+        Returns what it did, with seconds."""
         from services.tuner.selector import StrategySelector
         from services.tuner.service import TunerService
 
         self.tuner = TunerService(available_drafters=DRAFTERS)
         self.adaptive = StrategySelector(self.tuner.table(), seed=self.seed)
         t0 = time.perf_counter()
+        ds = build_drafters(names=DRAFTERS)
+        reqs = requests(self.problems, HISTORY_EPOCH)
+        history = self._generate(reqs, ds, self.adaptive)[0]
+        self._learn()
+        self.suffix_state = ds["suffix"].state_dict()
+        self.history_lengths = [(o.problem_id, len(o.token_ids)) for o in history]
+        self.adaptive.record_lengths(self.history_lengths)
         warm_problems, warm_reqs = self.warm_problems, 0
         for _ in range(max(1, passes) if warm_problems else 0):
             ds = build_drafters(names=DRAFTERS)
             for epoch in (HISTORY_EPOCH, MEASURED_EPOCH):
-                reqs = requests(warm_problems, epoch)
-                outs = self._generate(reqs, ds, self.adaptive)[0]
+                wreqs = requests(warm_problems, epoch)
+                outs = self._generate(wreqs, ds, self.adaptive)[0]
                 self.adaptive.record_lengths([(o.problem_id, len(o.token_ids)) for o in outs])
                 self._learn()
                 ds["suffix"].new_step(epoch + 1)
-                warm_reqs += len(reqs)
-        ds = build_drafters(names=DRAFTERS)
-        reqs = requests(self.problems, HISTORY_EPOCH)
-        outs = self._generate(reqs, ds, self.adaptive)[0]
-        self._learn()
+                warm_reqs += len(wreqs)
         self.adaptive.drain_choices()
-        self.suffix_state = ds["suffix"].state_dict()
-        self.history_lengths = [(o.problem_id, len(o.token_ids)) for o in outs]
-        self.adaptive.record_lengths(self.history_lengths)
         return {
             "passes": max(1, passes) if warm_problems else 0,
             "warm_problems": len(warm_problems),
             "warm_requests": warm_reqs,
             "history_requests": len(reqs),
-            "exact": sum(replay_exact(o, r, self.engine.eos) for o, r in zip(outs, reqs)),
+            "exact": sum(replay_exact(o, r, self.engine.eos) for o, r in zip(history, reqs)),
             "seconds": time.perf_counter() - t0,
         }
 

@@ -15,8 +15,11 @@ small and decoding is memory-bound; at large batches verification compute domina
 - ``guarded`` (banned): an arm reliably slower than off. Its ``k``-th ban lasts ``ban_steps * 2 ** (k - 1)``
   steps of its bucket; then its window is cleared and it is probed again (exponential back-off). An arm that
   becomes reliably faster than off loses its strikes.
-- ``probe``: arms without an estimate (untried first); ``explore``: the other arms but ``best`` (``off`` too when
-  it is not the best). The rollout actors play probes, then explorations, only while their measured extra time
+- ``probe``: arms without an estimate but ``best`` (``off`` first, then untried first); ``explore``: the other
+  arms but ``best`` (``off`` too when it is not the best).
+- A bucket with no estimate at all plays the best of the nearest bucket that has one (ties: the smaller batch
+  sizes) until its own steps judge it: a batch size the long tail reaches late is not decoded plain while its
+  arms wait for the regret budget. The rollout actors play probes, then explorations, only while their measured extra time
   over the best stays within ``regret_budget`` of the bucket's time (``selector.py``): that budget is the one
   bound on exploration.
 
@@ -277,7 +280,9 @@ class BucketedBandit:
             elif faster(est, off, cfg.z):
                 st.strikes = 0
 
-    def _row(self, i: int) -> dict[str, Any]:
+    def _row(self, i: int, borrowed: str | None = None) -> dict[str, Any]:
+        """Bucket ``i``'s table row; ``borrowed``: the best of the nearest bucket with evidence, played while
+        this one has none (``table``)."""
         cfg, bucket = self.cfg, self._buckets[i]
         ests = {n: st.estimate(cfg.min_samples) for n, st in bucket.arms.items() if st.banned_until < 0}
         off = ests.get(OFF.name)
@@ -285,9 +290,11 @@ class BucketedBandit:
         if off is not None:
             quicker = [(e[0], n) for n, e in ests.items() if e is not None and faster(e, off, cfg.z)]
             best = max(quicker)[1] if quicker else OFF.name
+        elif borrowed is not None and borrowed in ests and not any(e is not None for e in ests.values()):
+            best = borrowed
         probe = sorted(
-            (n for n, e in ests.items() if e is None and n != OFF.name),
-            key=lambda n: len(bucket.arms[n].window),
+            (n for n, e in ests.items() if e is None and n != best),
+            key=lambda n: (n != OFF.name, len(bucket.arms[n].window)),
         )
         lo, hi = self.bucket_range(i)
         return {
@@ -302,6 +309,15 @@ class BucketedBandit:
             "windows": {n: bucket.arms[n].window.sums() for n, e in ests.items() if e is not None},
         }
 
+    def _rows(self) -> list[dict[str, Any]]:
+        rows = [self._row(i) for i in range(len(self.edges))]
+        known = [i for i, r in enumerate(rows) if r["windows"]]
+        for i, r in enumerate(rows):
+            if not r["windows"] and known:
+                j = min(known, key=lambda j: (abs(j - i), j))  # the nearest bucket with evidence
+                rows[i] = self._row(i, rows[j]["best"])
+        return rows
+
     def table(self) -> dict[str, Any]:
         """The strategy table the rollout actors play (JSON-serializable; a new ``version`` each call): per
         bucket ``best``, ``explore``, ``probe`` and ``guarded`` arm names (module docstring) and ``windows``
@@ -312,7 +328,7 @@ class BucketedBandit:
             "version": self.version,
             "bucket_edges": list(self.edges),
             "arms": {a.name: a.to_dict() for a in self.arms},
-            "buckets": [self._row(i) for i in range(len(self.edges))],
+            "buckets": self._rows(),
             "regret_budget": self.cfg.regret_budget,
             "window": self.cfg.window,
             "min_samples": self.cfg.min_samples,
@@ -324,11 +340,11 @@ class BucketedBandit:
         ``explored``, ``exploration_fraction``, and per arm ``n`` (window), ``total`` (steps), ``ratio``
         (throughput, tokens/s), ``median`` (of the window's per-step rewards), ``explored``, ``guarded``,
         ``strikes``; overall ``exploration_fraction`` and ``dropped``."""
-        out = []
+        rows, out = self._rows(), []
         for i, bucket in enumerate(self._buckets):
             arms = {n: st.stats() for n, st in bucket.arms.items()}
             explored, steps = sum(a["explored"] for a in arms.values()), bucket.steps
-            row = {k: v for k, v in self._row(i).items() if k in ("bucket", "lo", "hi", "best")}
+            row = {k: v for k, v in rows[i].items() if k in ("bucket", "lo", "hi", "best")}
             frac = explored / steps if steps else 0.0
             out.append({**row, "observations": steps, "chosen": steps, "explored": explored, "arms": arms})
             out[-1]["exploration_fraction"] = frac

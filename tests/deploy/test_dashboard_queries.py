@@ -127,9 +127,16 @@ def test_every_dashboard_query_returns_data(tmp_path, tiny_policy_dir, prometheu
         ]
     )
     assert rc == 0
-    # the endpoint outlives the run: wait until Prometheus has scraped the last step
+    # the endpoint outlives the run: wait until Prometheus has scraped the last step, then one scrape more, so
+    # that every series (also one born in the last step) has two samples and rate() / increase() are defined
     last = lambda: _query(base, "max(tailspec_rl_step)")["data"]["result"]  # noqa: E731
     _wait(f"a scrape of step {STEPS}", lambda: last() and float(last()[0]["value"][1]) == STEPS)
+
+    def scrapes() -> float:
+        return float(_query(base, "count_over_time(tailspec_rl_step[10m])")["data"]["result"][0]["value"][1])
+
+    seen = scrapes()
+    _wait("one more scrape", lambda: scrapes() > seen)
 
     empty, failed = [], []
     for d in dash.all_dashboards():
