@@ -125,8 +125,7 @@ class RLDriver:
 
     @property
     def coordinator_address(self) -> str | None:
-        plane = getattr(self, "plane", None)
-        return plane.coordinator_address if plane is not None else None
+        return self.plane.coordinator_address if self.plane is not None else None
 
     def _set_phase(self, phase: str) -> None:
         self.phase = phase

@@ -29,6 +29,8 @@ class PreflightError(ValueError):
 
 
 def resolve_model(cfg: Config, log=print) -> Path:
+    """The checked model folder ``model.path``; built first with the task's base-model recipe when missing
+    and ``model.build_if_missing`` (else PreflightError)."""
     path = resolve_path(cfg.model.path)
     if not path.exists():
         if not cfg.model.build_if_missing:
@@ -159,6 +161,7 @@ def data_dir(cfg: Config) -> Path:
 
 
 def load_data(cfg: Config) -> list[GSM8KExample]:
+    """The training examples (``data.train_file`` in ``data_dir``); PreflightError when there are none."""
     d = data_dir(cfg)
     data = load_gsm8k(d / cfg.data.train_file)
     if not data:
