@@ -30,6 +30,7 @@ from tokenizers import Tokenizer
 
 from services.common.config import Config, resolve_path, to_yaml
 from services.common.metrics import TailspecMetrics
+from services.common.placement import RunPlacement
 from services.common.ray_utils import ActorPool
 from services.pipeline.checkpoints import copy_tokenizer, read_checkpoint, write_checkpoint
 from services.pipeline.control_plane import ControlPlane
@@ -114,6 +115,10 @@ class RLDriver:
     def trainer(self) -> ActorPool | None:
         """The policy-trainer actor (an ``ActorPool`` of one)."""
         return self.services.trainer if self.services is not None else None
+
+    @property
+    def placement(self) -> RunPlacement | None:
+        return self.services.placement if self.services is not None else None
 
     @property
     def metrics(self) -> TailspecMetrics | None:
