@@ -17,6 +17,10 @@ from pathlib import Path
 
 from services.common.config import REDACTED, REPO_ROOT, ConfigError, load_config
 from services.common.grpc_server import read_token_file
+from services.common.placement import PlacementError
+from services.common.status_cli import main as status_main
+from services.pipeline.datasets import DatasetError
+from services.pipeline.interrupts import RunInterrupted
 
 
 def _console():
@@ -29,11 +33,12 @@ def _console():
 
 
 def cmd_train(args) -> int:
+    # these modules load torch and Ray: imported here so that `tailspec status` and `tailspec --help`
+    # start without them
     from ray.exceptions import RayError
 
-    from services.common.placement import PlacementError
-    from services.pipeline.datasets import DatasetError
-    from services.pipeline.driver import PreflightError, RLDriver, RunInterrupted, TrainingError
+    from services.pipeline.driver import RLDriver, TrainingError
+    from services.pipeline.preflight import PreflightError
     from services.rollout_actor.model import ModelLoadError
 
     try:
@@ -89,6 +94,7 @@ def _actor_error(e: Exception) -> str:
 
 
 def cmd_base_model(args) -> int:
+    # imported here, like cmd_train's modules (the recipe's evaluation loads torch)
     from services.pipeline.base_model import main as base_main
 
     argv = ["--out", args.out, "--seed", str(args.seed), "--task", args.task]
@@ -99,8 +105,6 @@ def cmd_base_model(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["status"]:  # the coordinator's gRPC status, see services/common/status_cli.py
-        from services.common.status_cli import main as status_main
-
         return int(status_main(argv[1:]) or 0)
     ap = argparse.ArgumentParser(
         prog="tailspec", description="GRPO with adaptive lossless speculative rollouts"

@@ -32,6 +32,9 @@ actor's spot-trainer replica until the phase ends (PREEMPT with deadline ``spot.
 rollout actor that dies has its whole shard re-dispatched to a live actor (taken back from training if need
 be), so every prompt ends with exactly G responses. A coordinator that stops answering is restarted and
 rebuilt from the workers' own reports (they re-register in the state they believe they are in).
+
+``ControlPlane`` is this module (coordinator, rollout actors, rollout phases) plus its tuner side
+(``control_plane_tuner.py``) and its spot-trainer side (``control_plane_spot.py``).
 """
 
 from __future__ import annotations
@@ -49,28 +52,21 @@ import grpc
 
 from services.common.config import Config
 from services.common.grpc_server import TOKEN_ENV, new_token, write_token_file
+from services.common.hosts import multi_node, run_host
+from services.common.placement import RunPlacement
 from services.common.ray_utils import ActorPool
+from services.coordinator.coordinator import Phase, TimelineEvent
+from services.coordinator.service import CoordinatorActor, CoordinatorClient
+from services.pipeline.control_plane_spot import ControlPlaneSpot
+from services.pipeline.control_plane_tuner import ControlPlaneTuner
+from services.pipeline.faults import actor_died, unavailable
+from services.rollout_actor.grpc_service import RolloutClient
 from services.rollout_actor.worker import RolloutRequest, RolloutWorker, ShardResult
 
 log = logging.getLogger(__name__)
 
 
-def actor_died(e: BaseException) -> bool:
-    try:
-        from ray.exceptions import RayActorError
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(e, RayActorError)
-
-
-def _unavailable(e: BaseException) -> bool:
-    return isinstance(e, grpc.RpcError) and e.code() in (
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-    )
-
-
-class ControlPlane:
+class ControlPlane(ControlPlaneTuner, ControlPlaneSpot):
     """Starts, wires and stops the job's service actors; runs rollout phases and the phase-boundary calls.
 
     Args:
@@ -81,6 +77,7 @@ class ControlPlane:
         available_drafters: drafters the rollout actors have (tuner arms are filtered by it).
         run_info: the driver's view for the coordinator's ``GetStatus``.
         log_fn: progress lines.
+        placement: the run's placement groups (``RunPlacement``; None: the plane makes and removes its own).
     """
 
     def __init__(
@@ -104,8 +101,6 @@ class ControlPlane:
         self.use_ray = cfg.ray.use_ray
         # where services bind (grpc.host; services/common/hosts.py): `auto` is settled here, once per run
         # (``node`` on a multi-node Ray cluster: each actor binds and advertises its own node's IP)
-        from services.common.hosts import multi_node, run_host
-
         self.host = run_host(cfg.grpc.host, self.use_ray and multi_node())
         # placement groups (services/common/placement.py): the driver's, else this plane's own
         self.placement = placement
@@ -131,13 +126,6 @@ class ControlPlane:
         self.learned_top1: float | None = None  # the spot trainer's latest top-1 accuracy (None: not trained)
 
     # ------------------------------------------------------------------ start / stop
-    @property
-    def drafter_dir(self) -> Path:
-        """The run's published-drafter folder: the only place rollout actors load drafters from."""
-        from services.spot_trainer.service import published_dir
-
-        return published_dir(self.run_dir / "checkpoints" / "spot_trainer")
-
     def start(self) -> None:
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -145,26 +133,11 @@ class ControlPlane:
         n = cfg.rollout.num_actors
         self.worker_ids = list(range(n))
         if self.placement is None:
-            from services.common.placement import RunPlacement
-
             self.placement = RunPlacement.from_config(cfg)
             self._owns_placement = True
         self.placement.create()
         self._start_coordinator()
-        if cfg.tuner.enabled:
-            from services.tuner.grpc_service import TunerClient
-            from services.tuner.service import TunerService
-
-            ckpt = str(self.run_dir / "checkpoints" / "tuner_state.json")
-            # absolute: the tuner actor's working directory may differ from the driver's
-            init = str(Path(cfg.tuner.init_state).resolve()) if cfg.tuner.init_state else None
-            self.tuner = ActorPool.create(
-                TunerService,
-                [(cfg.tuner.arms, dict(cfg.tuner.bandit), self.available_drafters, ckpt, init)],
-                self.use_ray,
-                num_cpus=0,
-            )
-            self.tuner_client = TunerClient(self.tuner.call(0, "serve", self.host, 0, self.token), self.token)
+        self._start_tuner()
         sampling = dict(
             temperature=cfg.rollout.temperature,
             top_p=cfg.rollout.top_p,
@@ -194,8 +167,6 @@ class ControlPlane:
                 for _ in range(n)
             ],
         )
-        from services.rollout_actor.grpc_service import RolloutClient
-
         addresses = self.rollout.call_all("serve", [(self.host, 0, self.token)] * n)
         self.rollout_clients = [RolloutClient(a, self.token) for a in addresses]
         self.rollout.call_all(
@@ -207,8 +178,6 @@ class ControlPlane:
         self._start_spot_trainer(n)
 
     def _start_coordinator(self) -> None:
-        from services.coordinator.service import CoordinatorActor, CoordinatorClient
-
         c, s = self.cfg.coordinator, self.cfg.spot
         self.coordinator_pool = ActorPool.create(
             CoordinatorActor,
@@ -257,7 +226,7 @@ class ControlPlane:
         try:
             return getattr(self.coordinator, method)(*args, **kwargs)
         except grpc.RpcError as e:
-            if not _unavailable(e):
+            if not unavailable(e):
                 raise
             self.restart_coordinator(f"{method}: {e.code().name}")
             return getattr(self.coordinator, method)(*args, **kwargs)
@@ -267,81 +236,6 @@ class ControlPlane:
             self.coord("report_run", self.run_info())
         except grpc.RpcError as e:  # status is best effort; the run goes on
             log.warning("report_run failed: %s", e)
-
-    def _start_spot_trainer(self, n: int) -> None:
-        cfg = self.cfg
-        if not (cfg.spot.enabled and self.learned is not None):
-            return
-        from services.spot_trainer.grpc_service import SpotTrainerClient
-        from services.spot_trainer.service import SpotTrainerService
-
-        s = cfg.spot
-        replicas = s.replicas if s.replicas is not None else n
-        kwargs = dict(
-            eagle3=cfg.rollout.speculative.eagle3,
-            seed=cfg.run.seed,
-            capacity_tokens=s.capacity_tokens,
-            keep_versions=s.keep_versions,
-            batch_size=s.batch_size,
-            seq_len=s.seq_len,
-            lr=s.lr,
-            checkpoint_every=s.checkpoint_every,
-            min_samples=s.min_fresh_samples,
-            nice=s.nice,
-            token=self.token,  # the stream's MAC key (a Ray call argument, like the gRPC token)
-            stream_host=self.host,  # the hidden-state stream binds like the gRPC services
-        )
-        ckpt = str(self.run_dir / "checkpoints" / "spot_trainer")
-        self.spot = ActorPool.create(
-            SpotTrainerService,
-            [(str(self.model_path), ckpt) for _ in range(replicas)],
-            self.use_ray,
-            num_cpus=0,
-            kwargs_list=[dict(kwargs, replica=i) for i in range(replicas)],
-            max_concurrency=4,
-            options_list=[self.placement.spot_options(i) for i in range(replicas)],
-        )
-        addresses = self.spot.call_all("serve", [(self.host, 0, self.token)] * replicas)
-        self.spot_clients = [SpotTrainerClient(a, self.token) for a in addresses]
-        self._connect_streams()
-
-    def _connect_streams(self) -> None:
-        streams = self.spot.call_all("address", [()] * len(self.spot))
-        fraction = self.cfg.spot.stream_fraction
-        self.rollout.call_all("connect_spot_trainer", [(streams, fraction, self.token)] * len(self.rollout))
-
-    def ensure_spot(self) -> list[int]:
-        """At a phase boundary: every spot-trainer replica that died is started again on its checkpoint
-        folder (it resumes its newest checkpoint; published versions never go back) and the rollout actors'
-        hidden-state streams are re-pointed. Returns the replicas restarted."""
-        if self.spot is None:
-            return []
-        from services.spot_trainer.grpc_service import SpotTrainerClient
-
-        dead = []
-        for i in range(len(self.spot)):
-            try:
-                self.spot.call(i, "ping")
-            except Exception as e:
-                if not actor_died(e):
-                    raise
-                dead.append(i)
-        for i in dead:
-            self.spot.respawn(i)
-            self.spot_clients[i].close()
-            self.spot_clients[i] = SpotTrainerClient(
-                self.spot.call(i, "serve", self.host, 0, self.token), self.token
-            )
-            self.spot_restarts += 1
-            self.spot.call(i, "set_policy_version", int(self.run_info().get("policy_version", 0)))
-            st = self.spot.call(i, "stats")
-            self.log(
-                f"spot-trainer replica {i} died; restarted from its checkpoint at step {st['resumed_step']} "
-                f"(published drafter version {st['version']})"
-            )
-        if dead:
-            self._connect_streams()
-        return dead
 
     def stop(self) -> None:
         keep = self.cfg.coordinator.keep_serving
@@ -366,65 +260,6 @@ class ControlPlane:
             self.coordinator_pool.shutdown()
         if self._owns_placement and self.placement is not None:
             self.placement.remove()
-
-    # ------------------------------------------------------------------ spot trainer
-    def _replica(self, worker_id: str) -> int:
-        """The spot-trainer replica placed with this rollout actor."""
-        return int(worker_id) % len(self.spot_clients)
-
-    def _num_fresh(self) -> int:
-        """Fresh samples per replica (the least-fed one: every granted replica must have data); 0 while a
-        replica is down (it is restarted at the next phase boundary)."""
-        try:
-            return min(self.spot.call_all("num_fresh", [()] * len(self.spot)))
-        except Exception as e:
-            if not actor_died(e):
-                raise
-            return 0
-
-    def _grant(self, g: dict) -> bool:
-        """Hand a coordinator grant to the worker's replica, bounded by ``spot.grant_deadline_s`` (the phase
-        end preempts it sooner); False (and the worker released) if refused."""
-        g = dict(g, deadline=time.time() + self.cfg.spot.grant_deadline_s)
-        try:
-            out = self.spot_clients[self._replica(g["worker_id"])].grant(g)
-        except grpc.RpcError as e:  # the replica is down: no training on this bubble
-            if not _unavailable(e):
-                raise
-            out = {"accepted": False, "message": f"replica unavailable ({e.code().name})"}
-        if not out["accepted"]:
-            self.coord(
-                "report_state", g["worker_id"], "IDLE", f"grant refused: {out['message']}", 0, g["grant_id"]
-            )
-        return bool(out["accepted"])
-
-    def _take_back(self, training: dict[str, dict], worker_ids: list[str], reason: str) -> list[dict]:
-        """Preempt the training on ``worker_ids`` (coordinator first, then the replicas, in parallel) and
-        report them IDLE; returns the replicas' PreemptResponse dicts."""
-        if not worker_ids:
-            return []
-        req = self.coord("request_rollout", worker_ids, reason)
-        release_by = {p["worker_id"]: p["release_by"] for p in req["preemptions"]}
-        deadline = self.cfg.spot.preempt_deadline_s
-
-        def preempt(w: str) -> dict:
-            g = training[w]
-            try:
-                return self.spot_clients[self._replica(w)].preempt(
-                    g["grant_id"], release_by.get(w), deadline + 60
-                )
-            except grpc.RpcError as e:  # the replica died while training: its grant's work is lost
-                if not _unavailable(e):
-                    raise
-                return {"worker": w, "grant_id": g["grant_id"], "trained_seconds": 0.0, "steps_in_grant": 0}
-
-        with cf.ThreadPoolExecutor(max_workers=len(worker_ids)) as ex:
-            outs = list(ex.map(preempt, worker_ids))
-        for w, out in zip(worker_ids, outs):
-            g = training.pop(w)
-            gid = g["grant_id"] if g.get("epoch") == self.coordinator_restarts else None
-            self.coord("report_state", w, "IDLE", "training stopped", 0, gid, int(out.get("step") or 0))
-        return outs
 
     # ------------------------------------------------------------------ one rollout phase
     def rollout_phase(
@@ -520,7 +355,7 @@ class ControlPlane:
             try:
                 out[i] = f.result()
             except Exception as e:
-                if not (actor_died(e) or _unavailable(e)):
+                if not (actor_died(e) or unavailable(e)):
                     raise
                 dead.append(i)
                 w = str(self.worker_ids[i])
@@ -541,126 +376,8 @@ class ControlPlane:
             "weight sync", lambda i: self.rollout.submit(i, "load_weights", state, version).result()
         )
 
-    # ------------------------------------------------------------------ phase boundary
-    def gated_drafters(self) -> list[str]:
-        """Drafters kept out of the table: the learned drafter's (``learned``, ``hybrid``) while the spot
-        trainer's latest top-1 accuracy is below ``tuner.learned_min_top1`` (or it has not trained yet)."""
-        learned = [d for d in ("learned", "hybrid") if d in self.available_drafters]
-        bar = self.cfg.tuner.learned_min_top1
-        if not learned or bar <= 0 or (self.learned_top1 is not None and self.learned_top1 >= bar):
-            return []
-        return learned
-
-    def strategy_table(self) -> dict:
-        """The tuner's merged table, gated (``gated_drafters``)."""
-        from services.tuner.bandit import gate_table
-
-        return gate_table(self.tuner_client.table(), self.gated_drafters())
-
-    def restart_tuner(self, why: str) -> bool:
-        """A fresh tuner actor, resumed from its own checkpoint (``checkpoints/tuner_state.json``, written at
-        every merge), served anew and handed to the rollout actors. False (and a warning) when even that fails:
-        the run goes on, the actors keep their last table."""
-        from services.tuner.grpc_service import TunerClient
-
-        try:
-            self.tuner.respawn(0)
-            old, self.tuner_client = self.tuner_client, None
-            if old is not None:
-                old.close()
-            self.tuner_client = TunerClient(self.tuner.call(0, "serve", self.host, 0, self.token), self.token)
-            n = len(self.rollout)
-            self.rollout.call_all("connect_tuner", [(self.tuner_client.address, self.token)] * n)
-        except Exception as e:  # noqa: BLE001 - the tuner is advisory: never stop the run for it
-            log.warning("tuner restart failed (%s): %s; the rollout actors keep their last table", why, e)
-            return False
-        self.tuner_restarts += 1
-        self.log(f"tuner restarted ({why}) from its checkpoint at {self.tuner_client.address}")
-        return True
-
-    def tune(self, results: list[ShardResult]) -> dict:
-        """The tuner's merged table to every rollout actor (gRPC); the row's tuner statistics. A tuner that
-        died is restarted from its checkpoint; if that fails, the step's row says so and the actors keep their
-        last table."""
-        try:
-            table = self.strategy_table() if self.tuner_client is not None else None
-        except Exception as e:
-            if not (actor_died(e) or _unavailable(e)):
-                raise
-            table = self.strategy_table() if self.restart_tuner(type(e).__name__) else None
-        if table is None:
-            return {"tuner_unavailable": True, "tuner_restarts": self.tuner_restarts}
-        self._each_rollout("table update", lambda i: self.rollout_clients[i].set_table(table))
-        stats = self.tuner_client.status()
-        choices: dict[str, int] = {}
-        by_bucket: dict[str, dict[str, int]] = {}
-        for res in results:
-            for arm, c in (res.choices or {}).items():
-                choices[arm] = choices.get(arm, 0) + c
-            for bucket, arms in (res.choices_by_bucket or {}).items():
-                into = by_bucket.setdefault(bucket, {})
-                for arm, c in arms.items():
-                    into[arm] = into.get(arm, 0) + c
-        buckets = [b for b in stats["buckets"] if b["observations"]]
-        chosen = sum(b["chosen"] for b in buckets)
-        return {
-            "table_version": table["version"],
-            "tuner_restarts": self.tuner_restarts,
-            "gated_drafters": self.gated_drafters(),
-            "observations": sum(res.observations_reported for res in results),
-            "choices": choices,
-            "choices_by_bucket": by_bucket,
-            "best_by_bucket": {bucket_name(b): b["best"] for b in buckets},
-            "exploration_fraction": sum(b["explored"] for b in buckets) / chosen if chosen else 0.0,
-            "arm_reward_median": {
-                bucket_name(b): {a: v["median"] for a, v in b["arms"].items() if v["n"]} for b in buckets
-            },
-        }
-
-    def after_update(self, state, version: int) -> dict:
-        """Phase boundary: the spot trainer follows the policy; replicas that trained are averaged and a new
-        drafter version is published and loaded by every rollout actor (never in the middle of a request)."""
-        if self.spot is None:
-            return {}
-        from services.spot_trainer.service import sync_replicas
-
-        self.ensure_spot()
-        k = len(self.spot)
-        self.spot.call_all("update_policy", [(state, version)] * k)
-        out: dict = {
-            "spot_grants": len(self.spot_grants),
-            "spot_replicas": k,
-            "spot_restarts": self.spot_restarts,
-        }
-        if any(g.get("steps_in_grant", 0) > 0 for g in self.spot_grants):
-            avg = sync_replicas(self.spot.call_all("head_state", [()] * k))
-            if avg is not None:
-                self.spot.call_all("load_head", [(avg,)] * k)
-            dv, path = self.spot.call(0, "publish")
-            self._each_rollout("drafter load", lambda i: self.rollout_clients[i].load_drafter(dv, path))
-            self.drafter_version = dv
-            trained = [g for g in self.spot_grants if g.get("steps_in_grant", 0) > 0]
-            if trained[-1].get("top1") is not None:
-                self.learned_top1 = float(trained[-1]["top1"])
-            out.update(
-                spot_train_steps=sum(g["steps_in_grant"] for g in self.spot_grants),
-                spot_top1=trained[-1].get("top1"),
-                spot_loss=trained[-1].get("loss"),
-            )
-        stats = self.spot.call_all("stats", [()] * k)
-        out["spot_buffer_tokens"] = sum(st["buffer"].get("tokens", 0) for st in stats)
-        out["spot_buffer_dropped"] = sum(st["buffer"].get("dropped", 0) for st in stats)
-        return out
-
+    # ------------------------------------------------------------------ end of the run
     def timeline(self) -> tuple[list, list]:
         """The coordinator's Gantt bars and rollout phases (since its last restart)."""
-        from services.coordinator.coordinator import Phase, TimelineEvent
-
         events, phases = self.coordinator_pool.call(0, "timeline")
         return [TimelineEvent(*e) for e in events], [Phase(*p) for p in phases]
-
-
-def bucket_name(b: dict) -> str:
-    from services.common.metrics import bucket_label
-
-    return bucket_label(b["lo"], b.get("hi"))

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from services.pipeline.datasets import GSM8KExample, format_prompt
+from services.pipeline.datasets import GSM8KExample, format_prompt, load_gsm8k
 from services.pipeline.rewards import gsm8k_reward
-from services.rollout_actor.worker import RolloutRequest
+from services.rollout_actor.worker import RolloutRequest, RolloutWorker
 
 __all__ = ["eval_requests", "score", "run_eval", "flat_keys", "evaluate_model_dir", "EVAL_SEED"]
 
@@ -113,8 +113,6 @@ def evaluate_model_dir(
     """In-process evaluation of an HF model folder with one rollout worker (speculation off)."""
     from tokenizers import Tokenizer
 
-    from services.rollout_actor.worker import RolloutWorker
-
     sampling = dict(temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens)
     worker = RolloutWorker(0, str(model_dir), sampling, max_batch_size=max_batch_size, threads=threads)
     tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
@@ -133,8 +131,6 @@ class RunEvaluator:
     """
 
     def __init__(self, cfg, tokenizer, data_dir: Path):
-        from services.pipeline.datasets import load_gsm8k
-
         self.cfg, self.tokenizer = cfg, tokenizer
         self.enabled = cfg.eval.enabled
         self.path = data_dir / cfg.data.test_file

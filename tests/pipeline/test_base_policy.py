@@ -1,6 +1,7 @@
 """The committed embedded default policy (services/pipeline/assets/base_policy) loads with transformers."""
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -8,10 +9,11 @@ import pytest
 from services.pipeline.base_model import (
     EOS_TOKEN,
     EOS_TOKEN_ID,
+    BaseModelRecipe,
     folder_size_bytes,
-    has_final_answer_format,
     sha256_file,
 )
+from services.pipeline.base_model_eval import evaluate_base_model, has_final_answer_format
 from services.pipeline.datasets import default_dataset_dir, format_prompt, format_response, load_gsm8k
 
 ASSET = Path(__file__).resolve().parents[2] / "services" / "pipeline" / "assets" / "base_policy"
@@ -146,15 +148,9 @@ def test_has_final_answer_format(text, ok):
 
 @pytest.mark.slow
 def test_format_rate_200_samples():
-    from services.pipeline.base_model import evaluate_base_model
-
     ev = evaluate_base_model(ASSET, n=200, temperature=0.9, seed=1, progress=False)
     assert ev["format_rate"] >= 0.8
 
 
 def test_code_defaults_reproduce_committed_recipe(recipe):
-    from dataclasses import asdict
-
-    from services.pipeline.base_model import BaseModelRecipe
-
     assert recipe["recipe"] == asdict(BaseModelRecipe())

@@ -131,7 +131,7 @@ def test_kill_coordinator_mid_rollout(tmp_path, tiny_policy_dir, ray_cluster):
 
 def test_groups_complete_after_redispatch_unit():
     """Shards map back to prompts: every prompt keeps exactly G responses (checked on the assignment itself)."""
-    from services.pipeline.driver import assign_groups
+    from services.pipeline.scheduling import assign_groups
 
     groups = [(f"p{i}", float(10 * i)) for i in range(7)]
     shards = assign_groups(groups, 3)

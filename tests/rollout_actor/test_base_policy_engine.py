@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from services.pipeline.base_model import has_final_answer_format
+from services.pipeline.base_model_eval import has_final_answer_format
 from services.pipeline.datasets import format_prompt, load_gsm8k
 from services.rollout_actor.engine import Engine, GenerationRequest, SamplingParams
 from services.rollout_actor.model import Transformer

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 TASKS = ("gsm8k", "running_total")
+DATA_ROOT = Path(__file__).resolve().parents[3] / "data"  # a synthetic task's data folder is data/<task>
 
 # BaseModelRecipe overrides per task (services/pipeline/base_model.py); gsm8k = the recipe's defaults
 BASE_RECIPES: dict[str, dict] = {
@@ -39,6 +40,4 @@ def task_data_dir(name: str) -> Path | None:
     """The task's default data folder (None: GSM8K's default, ``$TAILSPEC_DATA_DIR`` or data/gsm8k)."""
     if check_task(name) == "gsm8k":
         return None
-    from services.pipeline.tasks.running_total import DEFAULT_DIR
-
-    return DEFAULT_DIR
+    return DATA_ROOT / name

@@ -42,6 +42,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.pipeline.tasks import DATA_ROOT
+
 __all__ = [
     "Problem",
     "DEFAULT_DIR",
@@ -52,7 +54,7 @@ __all__ = [
 ]
 
 NAME = "running_total"
-DEFAULT_DIR = Path(__file__).resolve().parents[3] / "data" / NAME
+DEFAULT_DIR = DATA_ROOT / NAME
 # chain-length mixture: (probability, min ops, max ops) -- most short, some medium, a few long
 LENGTH_MIX: tuple[tuple[float, int, int], ...] = ((0.80, 2, 5), (0.17, 6, 10), (0.03, 11, 14))
 SEEDS = {"train": 1, "test": 2, "sft": 3}
