@@ -25,24 +25,11 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 SERVICES = REPO / "services"
 MAX_LINES = 600
 # packages whose in-function project imports must say why they are in-function
 STRICT = ("services.pipeline", "services.policy_trainer")
-# files over MAX_LINES being split elsewhere (test_file_length_of_files_being_split, an xfail, lists them)
-LONG_FILES = {
-    "services/rollout_actor/engine.py",
-    "services/rollout_actor/speculative/eagle.py",
-    "services/common/grpc_server.py",
-    "services/common/dashboards.py",
-    "services/coordinator/service.py",
-    "services/rollout_actor/worker.py",
-    "services/spot_trainer/service.py",
-    "benchmarks/rollout_longtail.py",
-}
 
 
 def module_name(path: Path) -> str:
@@ -244,13 +231,7 @@ def _long_files() -> dict[str, int]:
 
 
 def test_file_length():
-    long = {p: n for p, n in _long_files().items() if p not in LONG_FILES}
-    assert not long, f"files over {MAX_LINES} lines: {long}"
-
-
-@pytest.mark.xfail(strict=False, reason=f"being split elsewhere: {', '.join(sorted(LONG_FILES))}")
-def test_file_length_of_files_being_split():
-    long = {p: n for p, n in _long_files().items() if p in LONG_FILES}
+    long = _long_files()
     assert not long, f"files over {MAX_LINES} lines: {long}"
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from services.rollout_actor.requests import RunningRequest, SpecCounters
-from services.rollout_actor.speculative.base import DraftTree
+from services.rollout_actor.speculative.base import Drafter, DraftRequest, DraftTree
 from services.rollout_actor.speculative.strategy import Strategy
 
 
@@ -128,3 +128,38 @@ def record_spec(sp: SpecCounters, d: DraftTree, drafter: str, accepted: int) -> 
     c[1] += accepted
     t = sp.tau_counts.setdefault(drafter, {})
     t[accepted + 1] = t.get(accepted + 1, 0) + 1
+
+
+def propose_drafts(
+    drafters: dict[str, Drafter],
+    rows: list[RunningRequest],
+    dreqs: list[DraftRequest],
+    strategies: list[Strategy],
+    cache_lengths: torch.Tensor,
+    max_seq_len: int,
+) -> list[DraftTree]:
+    """One draft per row (empty for ``off``): each strategy's drafter proposes for its rows at once, each row's
+    budget its strategy's ``max_draft_tokens`` capped by its room (``max_new_tokens`` and ``max_seq_len``;
+    ``cache_lengths [slots]``: committed KV lengths). Raises ``ValueError`` for a drafter the engine lacks."""
+    drafts: list[DraftTree] = [DraftTree() for _ in rows]
+    groups: dict[tuple, list[int]] = {}
+    lengths: list[int] = []  # committed cache lengths, read from the device once
+    for i, s in enumerate(strategies):
+        if not s.is_off:
+            groups.setdefault((s.drafter, s.tree_width, s.tree_depth), []).append(i)
+    for (name, width, depth), idx in groups.items():
+        drafter = drafters.get(name)
+        if drafter is None:
+            raise ValueError(f"strategy names drafter {name!r}, but the engine has {sorted(drafters)}")
+        budgets = []
+        lengths = lengths or cache_lengths.tolist()
+        for i in idx:
+            r = rows[i]
+            room = min(
+                r.req.params.max_new_tokens - len(r.tokens) - 1,
+                max_seq_len - lengths[r.slot] - 2,
+            )
+            budgets.append(max(0, min(strategies[i].max_draft_tokens, room)))
+        for i, tree in zip(idx, drafter.propose([dreqs[i] for i in idx], budgets, width, depth)):
+            drafts[i] = tree
+    return drafts
