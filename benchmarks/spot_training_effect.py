@@ -69,7 +69,7 @@ def export_drafter(run_dir: Path, dest: Path, top1: float | None = None) -> dict
         default_fuse_layers,
         save_eagle_checkpoint,
     )
-    from services.spot_trainer.service import published_dir
+    from services.spot_trainer.replicas import published_dir
     from services.spot_trainer.trainer import latest_published, load_published
 
     version, path = latest_published(published_dir(run_dir / "checkpoints" / "spot_trainer"))

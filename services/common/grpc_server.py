@@ -48,17 +48,11 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-# TOKEN_ENV, new_token, read_token_file and write_token_file stay importable from here for the pipeline, which
-# imports them from this module (their own module is grpc_auth).
-from services.common.grpc_auth import (  # noqa: F401
+from services.common.grpc_auth import (
     DEFAULT_HOST,
-    TOKEN_ENV,
     TlsConfig,
     TokenAuthInterceptor,
     check_bind,
-    new_token,
-    read_token_file,
-    write_token_file,
 )
 from services.common.hosts import format_address, resolve
 

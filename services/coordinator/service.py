@@ -13,10 +13,8 @@ from typing import Any
 
 from services.common.grpc_auth import require_token
 from services.common.grpc_server import GrpcServer, expose
+from services.common.metrics import process_metrics
 from services.common.proto_gen.tailspec.v1 import coordinator_pb2_grpc
-
-# CoordinatorClient stays importable from here: the pipeline's control plane imports it from this module.
-from services.coordinator.client import CoordinatorClient  # noqa: F401
 from services.coordinator.coordinator import Coordinator
 from services.coordinator.grpc_service import CoordinatorService
 
@@ -38,8 +36,6 @@ class CoordinatorActor:
         initial_run: Mapping[str, Any] | None = None,
         metrics: bool = False,
     ):
-        from services.common.metrics import process_metrics
-
         tm = process_metrics(metrics)
         self.coordinator = Coordinator(
             heartbeat_timeout_s=heartbeat_timeout_s,

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from services.common.config import REDACTED, REPO_ROOT, ConfigError, load_config
-from services.common.grpc_server import read_token_file
+from services.common.grpc_auth import read_token_file
 from services.common.placement import PlacementError
 from services.common.status_cli import main as status_main
 from services.pipeline.datasets import DatasetError

@@ -51,12 +51,13 @@ from typing import Any
 import grpc
 
 from services.common.config import Config
-from services.common.grpc_server import TOKEN_ENV, new_token, write_token_file
+from services.common.grpc_auth import TOKEN_ENV, new_token, write_token_file
 from services.common.hosts import multi_node, run_host
 from services.common.placement import RunPlacement
 from services.common.ray_utils import ActorPool
+from services.coordinator.client import CoordinatorClient
 from services.coordinator.coordinator import Phase, TimelineEvent
-from services.coordinator.service import CoordinatorActor, CoordinatorClient
+from services.coordinator.service import CoordinatorActor
 from services.pipeline.control_plane_spot import ControlPlaneSpot
 from services.pipeline.control_plane_tuner import ControlPlaneTuner
 from services.pipeline.faults import actor_died, unavailable

@@ -23,7 +23,8 @@ import grpc
 from services.common.ray_utils import ActorPool
 from services.pipeline.faults import actor_died, unavailable
 from services.spot_trainer.grpc_service import SpotTrainerClient
-from services.spot_trainer.service import SpotTrainerService, published_dir, sync_replicas
+from services.spot_trainer.replicas import published_dir, sync_replicas
+from services.spot_trainer.service import SpotTrainerService
 
 
 class ControlPlaneSpot:

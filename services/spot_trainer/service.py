@@ -59,13 +59,10 @@ from services.rollout_actor.speculative.eagle_model import EagleConfig, EagleDra
 from services.rollout_actor.speculative.eagle_train import EagleTrainer
 from services.spot_trainer.buffer import HiddenStateBuffer
 from services.spot_trainer.grpc_service import SpotTrainerGrpc
-
-# published_dir and sync_replicas stay importable from here for the pipeline's control plane and benchmarks.
-from services.spot_trainer.replicas import (  # noqa: F401
+from services.spot_trainer.replicas import (
     lower_thread_priority,
     published_dir,
     replica_ckpt_dir,
-    sync_replicas,
 )
 from services.spot_trainer.stream import HiddenStateReceiver
 from services.spot_trainer.trainer import SpotTrainer, latest_published
