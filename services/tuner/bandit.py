@@ -7,7 +7,10 @@ small and decoding is memory-bound; at large batches verification compute domina
 - Reward of a step: committed tokens (accepted draft tokens + one bonus/correction per request) per second of
   draft + verify, as the rollout actor measured it (``selector.py``: thread CPU time on CPU, wall time on CUDA).
 - Estimate of an arm in a bucket: its throughput ``R = sum(tokens) / sum(seconds)`` over a sliding window of
-  its last ``window`` steps, with the delta-method standard error
+  its last ``window`` steps, for a drafting arm within the bucket's last ``horizon`` steps (sliding-window
+  bandits for a reward that drifts, Garivier & Moulines 2011: the drafters' history grows, problems change; an
+  arm explored long ago is not compared with one played just now, it is probed afresh; plain decoding's cost
+  does not drift with the drafters, so ``off`` keeps its window), with the delta-method standard error
   ``se = sqrt(sum((tokens_i - R * seconds_i) ** 2) / (n (n - 1))) / mean(seconds)``; an arm with fewer than
   ``min_samples`` steps in its window has none.
 - ``a`` is *reliably faster* than ``b`` when ``R_a - R_b > z * sqrt(se_a ** 2 + se_b ** 2)``.
@@ -47,7 +50,8 @@ class BanditConfig:
     """Tuner settings (config section ``tuner.bandit``; module docstring).
 
     bucket_edges: batch sizes where buckets start (bucket i: ``edges[i] <= b < edges[i + 1]``, the last
-    open-ended); window: steps per arm in an estimate; min_samples: steps before an arm has an estimate;
+    open-ended); window: steps per arm in an estimate; horizon: the bucket steps a drafting arm's estimate looks
+    back (older records are dropped); min_samples: steps before an arm has an estimate;
     z: standard errors a difference must clear; regret_budget: exploration's extra time as a fraction of a
     bucket's time; ban_steps: bucket steps of a first ban (doubling per strike).
 
@@ -61,6 +65,7 @@ class BanditConfig:
     z: float = 2.0
     regret_budget: float = 0.01
     ban_steps: int = 64
+    horizon: int = 2048
 
     def __post_init__(self) -> None:
         self.validate()
@@ -73,7 +78,7 @@ class BanditConfig:
         if any(b <= a for a, b in zip(edges, edges[1:])):
             raise TunerConfigError(f"{p}.bucket_edges: must be strictly increasing, got {edges}")
         self.bucket_edges = edges
-        for key, lo in (("window", 2), ("min_samples", 2), ("ban_steps", 1)):
+        for key, lo in (("window", 2), ("min_samples", 2), ("ban_steps", 1), ("horizon", 2)):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise TunerConfigError(f"{p}.{key}: must be an integer >= {lo}, got {v!r}")
@@ -100,16 +105,16 @@ class BanditConfig:
 
 
 class RateWindow:
-    """The last ``size`` (tokens, seconds) records of one arm, with running sums, so that ``estimate`` is O(1)
-    (the selector asks it on every decode step)."""
+    """The last ``size`` (tokens, seconds) records of one arm, each stamped with the bucket step it was taken at,
+    with running sums, so that ``estimate`` is O(1) (the selector asks it on every decode step)."""
 
     __slots__ = ("records", "_sums")
 
     def __init__(self, size: int, records: Iterable[Sequence[float]] = ()) -> None:
-        self.records: deque[tuple[float, float]] = deque(maxlen=size)
+        self.records: deque[tuple[float, float, int]] = deque(maxlen=size)
         self._sums = [0.0] * 5  # sum t, s, t*t, t*s, s*s
-        for t, s in records:
-            self.append(float(t), float(s))
+        for r in records:
+            self.append(float(r[0]), float(r[1]), int(r[2]) if len(r) > 2 else 0)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -118,11 +123,16 @@ class RateWindow:
         for j, x in enumerate((t, s, t * t, t * s, s * s)):
             self._sums[j] += sign * x
 
-    def append(self, tokens: float, seconds: float) -> None:
+    def append(self, tokens: float, seconds: float, at: int = 0) -> None:
         if len(self.records) == self.records.maxlen:
-            self._add(*self.records[0], -1.0)
-        self.records.append((tokens, seconds))
+            self._add(*self.records[0][:2], -1.0)
+        self.records.append((tokens, seconds, at))
         self._add(tokens, seconds, 1.0)
+
+    def expire(self, before: int) -> None:
+        """Drop the records taken before bucket step ``before``."""
+        while self.records and self.records[0][2] < before:
+            self._add(*self.records.popleft()[:2], -1.0)
 
     def clear(self) -> None:
         self.records.clear()
@@ -180,8 +190,8 @@ class _Arm:
 
     def stats(self) -> dict[str, Any]:
         w = self.window.records
-        ratio = sum(t for t, _ in w) / sum(s for _, s in w) if w else None
-        median = statistics.median(t / s for t, s in w) if w else None
+        ratio = sum(r[0] for r in w) / sum(r[1] for r in w) if w else None
+        median = statistics.median(r[0] / r[1] for r in w) if w else None
         return {
             "n": len(w),
             "total": self.n,
@@ -254,14 +264,18 @@ class BucketedBandit:
             st.n += steps
             st.explored += bool(ob.get("explored"))
             if ob["seconds"] > 0:
-                st.window.append(float(ob["committed_tokens"]), float(ob["seconds"]))
+                st.window.append(float(ob["committed_tokens"]), float(ob["seconds"]), touched[i].steps)
         for bucket in touched.values():
             self._judge(bucket)
         return taken
 
     def _judge(self, bucket: _Bucket) -> None:
-        """Lift expired bans (the arm is probed afresh), ban arms reliably slower than off."""
+        """Forget drafting arms' records older than ``horizon`` bucket steps, lift expired bans (the arm is probed afresh), ban
+        arms reliably slower than off."""
         cfg = self.cfg
+        for name, st in bucket.arms.items():
+            if name != OFF.name:  # plain decoding's cost does not drift with the drafters' history
+                st.window.expire(bucket.steps - cfg.horizon)
         off = bucket.arms[OFF.name].estimate(cfg.min_samples)
         for name, st in bucket.arms.items():
             if name == OFF.name:

@@ -126,3 +126,18 @@ def test_reset_arms_forgets_a_drafters_evidence_only():
     arms = bandit.stats()["buckets"][0]["arms"]
     assert arms[EVEN.name]["total"] == 0 and arms[FAST.name]["total"] == 8
     assert EVEN.name in row(bandit)["probe"] and FAST.name not in row(bandit)["probe"]
+
+
+def test_a_drafting_arms_records_older_than_the_horizon_are_forgotten_and_it_is_probed_again():
+    bandit = BucketedBandit(ARMS, BanditConfig(min_samples=4, horizon=100))
+    feed(bandit, OFF, 8, 1, 0.010)
+    feed(bandit, FAST, 4, 2, 0.010)
+    assert row(bandit)["best"] == FAST.name
+    feed(bandit, OFF, 60, 1, 0.010)  # FAST's records are 60 bucket steps old: still within the horizon
+    assert row(bandit)["best"] == FAST.name
+    feed(bandit, OFF, 60, 1, 0.010)  # now 120: forgotten, FAST is probed afresh; off keeps its window
+    r = row(bandit)
+    assert r["best"] == "off" and FAST.name in r["probe"] and "off" in r["windows"]
+    assert bandit.state_dict()["buckets"][0]["arms"][FAST.name]["window"] == []
+    feed(bandit, FAST, 4, 2, 0.010)
+    assert row(bandit)["best"] == FAST.name
