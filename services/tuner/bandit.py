@@ -14,9 +14,7 @@ small and decoding is memory-bound; at large batches verification compute domina
   ``se = sqrt(sum((tokens_i - R * seconds_i) ** 2) / (n (n - 1))) / mean(seconds)``; an arm with fewer than
   ``min_samples`` steps in its window has none.
 - ``a`` is *reliably faster* than ``b`` when ``R_a - R_b > z * sqrt(se_a ** 2 + se_b ** 2)``.
-- ``best``: off, unless an arm is reliably faster than off; then, of the arms reliably faster than off and not
-  reliably slower than the fastest of them, the one drafting the fewest tokens (``pick_best``: near-ties of a
-  noisy reward that drifts along a rollout go to the cheaper arm, not to the deepest draft that was lucky).
+- ``best``: off, unless an arm is reliably faster than off (then the fastest such arm).
 - ``guarded`` (banned): an arm reliably slower than off. Its ``k``-th ban lasts ``ban_steps * 2 ** (k - 1)``
   steps of its bucket; then its window is cleared and it is probed again (exponential back-off). An arm that
   becomes reliably faster than off loses its strikes.
@@ -215,24 +213,6 @@ class _Bucket:
         self.steps = 0
 
 
-def pick_best(
-    ests: Mapping[str, tuple[float, float] | None],
-    arms: Mapping[str, Arm],
-    candidates: Iterable[str],
-    z: float,
-) -> str:
-    """The best arm among ``candidates`` (module docstring): ``off`` unless some are reliably faster than off;
-    of those, the one drafting the fewest tokens among the arms not reliably slower than the fastest estimate
-    (ties of a noisy, drifting reward go to the cheaper, lower-variance arm). ``off`` must have an estimate."""
-    off = ests[OFF.name]
-    quicker = [n for n in candidates if ests.get(n) is not None and faster(ests[n], off, z)]
-    if not quicker:
-        return OFF.name
-    top = max(quicker, key=lambda n: ests[n][0])
-    close = [n for n in quicker if not faster(ests[top], ests[n], z)]
-    return min(close, key=lambda n: (arms[n].max_draft_tokens, -ests[n][0]))
-
-
 def faster(a: tuple[float, float], b: tuple[float, float], z: float) -> bool:
     """Is estimate ``a`` reliably above estimate ``b`` (module docstring)?"""
     return a[0] - b[0] > z * math.hypot(a[1], b[1])
@@ -246,7 +226,6 @@ class BucketedBandit:
         self.cfg = cfg or BanditConfig()
         arms = list(arms)
         self.arms = arms if any(a.is_off for a in arms) else [OFF, *arms]
-        self._by_name = {a.name: a for a in self.arms}
         self.edges = list(self.cfg.bucket_edges)
         self._buckets = [_Bucket(self.arms, self.cfg.window) for _ in self.edges]
         self.version = 0
@@ -323,7 +302,8 @@ class BucketedBandit:
         off = ests.get(OFF.name)
         best = OFF.name
         if off is not None:
-            best = pick_best(ests, self._by_name, ests, cfg.z)
+            quicker = [(e[0], n) for n, e in ests.items() if e is not None and faster(e, off, cfg.z)]
+            best = max(quicker)[1] if quicker else OFF.name
         elif borrowed is not None and borrowed in ests and not any(e is not None for e in ests.values()):
             best = borrowed
         probe = sorted(

@@ -7,8 +7,8 @@ decode step it finds the active batch size's bucket in its copy of the central t
    (bucket, arm) it continues the central sliding window: its own records (``RateWindow``, the table's
    ``window`` and ``min_samples``) fill the window and the central window's sums (the table's ``windows``)
    fill the places left, weighted down as its own records arrive (``RateWindow.estimate(prior=...)``). Among
-   the table's best and the arms it has played, the best is the bandit's ``pick_best`` (``bandit.py``; the
-   table's ``z``) on fresher evidence (an arm
+   the table's best and the arms it has played, the best is off unless one is reliably faster than off (the
+   table's ``z``), then the fastest such arm: the bandit's rule (``bandit.py``) on fresher evidence (an arm
    this selector has not played does not displace the table's best, so a gated table's ``off`` stays until
    its own steps show better). Within a
    rollout (a table is installed at rollout boundaries) the drafters' state moves (a new RL step's history,
@@ -48,7 +48,7 @@ from typing import Any
 from services.rollout_actor.speculative.base import DraftRequest
 from services.rollout_actor.speculative.strategy import OFF, Lease, StepObservation, Strategy
 from services.tuner.arms import Arm, TunerConfigError
-from services.tuner.bandit import BanditConfig, RateWindow, estimate_from_sums, pick_best
+from services.tuner.bandit import BanditConfig, RateWindow, estimate_from_sums, faster
 from services.tuner.budgets import BudgetConfig, LengthBudgets
 
 CLOCKS = ("auto", "thread", "engine")
@@ -173,7 +173,8 @@ class StrategySelector:
         contenders = {best, *own}  # an arm this selector has not played does not displace the table's best
         off = ests.get(OFF.name)
         if off is not None and len(contenders) > 1:
-            best = pick_best(ests, self._arms, [n for n in contenders if n in ests], self.z)
+            quicker = [(ests[n][0], n) for n in contenders if n in ests and faster(ests[n], off, self.z)]
+            best = max(quicker)[1] if quicker else OFF.name
         probe = [n for n in row["probe"] if n not in ests]
         cands = probe or [n for n in playable if n in ests and n != best]
         return best, cands, ests[best][0] if best in ests else None
