@@ -31,10 +31,10 @@ from benchmarks.longtail.workload import (
     PLAIN_AGAIN,
     Workload,
 )
+from services.rollout_actor.drafters import build_drafters
 from services.rollout_actor.engine import Engine, RequestOutput, StepRecord
 from services.rollout_actor.model import Transformer
 from services.rollout_actor.speculative.strategy import FixedStrategy
-from services.rollout_actor.worker import build_drafters
 from services.tuner.bandit import gate_table
 
 

@@ -33,10 +33,10 @@ from benchmarks.trace_replay.workload import (
     max_seq_len,
     requests,
 )
+from services.rollout_actor.drafters import build_drafters
 from services.rollout_actor.engine import Engine, GenerationRequest, RequestOutput
 from services.rollout_actor.model import Transformer
 from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy
-from services.rollout_actor.worker import build_drafters
 
 PLAIN, PLAIN_AGAIN, ADAPTIVE = "plain", "plain-again", "adaptive"
 # The fixed deterministic arms replayed: suffix chains of the shipped lengths (services/tuner/arms.py), two

@@ -62,7 +62,8 @@ from services.pipeline.control_plane_spot import ControlPlaneSpot
 from services.pipeline.control_plane_tuner import ControlPlaneTuner
 from services.pipeline.faults import actor_died, unavailable
 from services.rollout_actor.grpc_service import RolloutClient
-from services.rollout_actor.worker import RolloutRequest, RolloutWorker, ShardResult
+from services.rollout_actor.shard import RolloutRequest, ShardResult
+from services.rollout_actor.worker import RolloutWorker
 
 log = logging.getLogger(__name__)
 

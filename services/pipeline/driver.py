@@ -61,7 +61,7 @@ from services.pipeline.scheduling import (
 )
 from services.pipeline.sinks import MetricSinks
 from services.policy_trainer.grpo import group_advantages
-from services.rollout_actor.worker import ShardResult
+from services.rollout_actor.shard import ShardResult
 from services.spot_trainer.bubbles import BubbleAccounting
 
 

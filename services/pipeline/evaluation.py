@@ -22,7 +22,8 @@ import numpy as np
 
 from services.pipeline.datasets import GSM8KExample, format_prompt, load_gsm8k
 from services.pipeline.rewards import gsm8k_reward
-from services.rollout_actor.worker import RolloutRequest, RolloutWorker
+from services.rollout_actor.shard import RolloutRequest
+from services.rollout_actor.worker import RolloutWorker
 
 __all__ = ["eval_requests", "score", "run_eval", "flat_keys", "evaluate_model_dir", "EVAL_SEED"]
 

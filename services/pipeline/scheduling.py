@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from services.pipeline.datasets import GSM8KExample, format_prompt
-from services.rollout_actor.worker import RolloutRequest
+from services.rollout_actor.shard import RolloutRequest
 
 
 def problem_id(ex: GSM8KExample) -> str:

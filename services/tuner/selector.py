@@ -152,22 +152,17 @@ class StrategySelector:
         prior = row.get("windows", {})
         if not own:
             best = row["best"]
-            e = (
-                estimate_from_sums(prior[best][0], prior[best][1:], self.min_samples)
-                if best in prior
-                else None
-            )
+            e = self._prior_estimate(prior, best)
             return best, row["probe"] or row["explore"], e[0] if e else None
         best, playable = row["best"], self._playable[i]
         ests = {}
         for n in playable:
             w = own.get(n)
-            if w is not None:
-                e = w.estimate(self.min_samples, prior.get(n))
-            elif n in prior:
-                e = estimate_from_sums(prior[n][0], prior[n][1:], self.min_samples)
-            else:
-                e = None
+            e = (
+                w.estimate(self.min_samples, prior.get(n))
+                if w is not None
+                else self._prior_estimate(prior, n)
+            )
             if e is not None:
                 ests[n] = e
         contenders = {best, *own}  # an arm this selector has not played does not displace the table's best
@@ -178,6 +173,11 @@ class StrategySelector:
         probe = [n for n in row["probe"] if n not in ests]
         cands = probe or [n for n in playable if n in ests and n != best]
         return best, cands, ests[best][0] if best in ests else None
+
+    def _prior_estimate(self, prior: Mapping[str, list[float]], arm: str) -> tuple[float, float] | None:
+        """The table's estimate of ``arm`` from its window sums (``prior``: the row's ``windows``)."""
+        w = prior.get(arm)
+        return estimate_from_sums(w[0], w[1:], self.min_samples) if w is not None else None
 
     def _pick(self, i: int, acc: _Account) -> tuple[Arm, bool, float | None]:
         best, cands, rate = self._plan(i)

@@ -18,7 +18,8 @@ from services.common.metrics import (
     table_arm_buckets,
 )
 from services.coordinator.service import CoordinatorActor
-from services.rollout_actor.worker import RolloutRequest, RolloutWorker, choices_by_bucket
+from services.rollout_actor.shard import RolloutRequest
+from services.rollout_actor.worker import RolloutWorker, choices_by_bucket
 
 SAMPLING = dict(temperature=0.9, top_p=1.0, top_k=0, max_new_tokens=12)
 

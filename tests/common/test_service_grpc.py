@@ -11,7 +11,8 @@ from services.common.metrics import bucket_label
 from services.common.strategy_table import table_from_pb, table_to_pb
 from services.coordinator.service import CoordinatorActor
 from services.rollout_actor.grpc_service import RolloutClient
-from services.rollout_actor.worker import RolloutRequest, RolloutWorker
+from services.rollout_actor.shard import RolloutRequest
+from services.rollout_actor.worker import RolloutWorker
 from services.tuner.arms import default_arms
 from services.tuner.bandit import BanditConfig, BucketedBandit
 from services.tuner.grpc_service import TunerClient

@@ -1,7 +1,8 @@
 """The rollout worker indexes a rollout's finished responses into the suffix drafter's history after the
 rollout (background thread), not on the decode thread, and the next rollout starts from the full history."""
 
-from services.rollout_actor.worker import RolloutRequest, RolloutWorker
+from services.rollout_actor.shard import RolloutRequest
+from services.rollout_actor.worker import RolloutWorker
 
 SAMPLING = dict(temperature=0.9, top_p=1.0, top_k=0, max_new_tokens=12)
 
