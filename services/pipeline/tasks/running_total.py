@@ -11,11 +11,12 @@ in 0..99 (each step's sign is drawn among those that keep it there)::
 
 The response works the chain one operation a line: the first two terms, ``=``, their sum, then the rest of
 the chain copied (the next line starts from the sum and the rest's first term). The sum's inputs sit right
-before its ``=`` and the copies are anchored on ``=`` and the space, which a small transformer learns fast.
-Its length grows quadratically with the chain (one token per digit: ~30 tokens for 3 operations, ~200
-for 12). Chain lengths are mixed (most problems have 2-5 operations, some 6-10, a few
-11-14), so response lengths have a long tail (p99 / p50 ~ 5). Each line is mostly a copy of the previous
-one and sibling responses to one prompt repeat each other: a suffix drafter predicts them well.
+before its ``=``, which a small transformer learns fast (a format where each line is only the sum and the
+rest, ``=55-3+9``, copies more but puts the inputs a line away, and the same base-model recipe learns it
+far worse). Its length grows quadratically with the chain (one token per digit: ~30 tokens
+for 3 operations, ~200 for 12). Chain lengths are mixed (most problems have 2-5 operations, some 6-10, a few
+11-14), so response lengths have a long tail. Each line's rest is a copy of the previous line's after its
+first term, which a suffix or n-gram drafter predicts once that term is written.
 
 Files are in the GSM8K JSONL format (``{"question", "answer"}``, the answer ending with ``#### <total>``), so
 prompts (:func:`services.pipeline.datasets.format_prompt`), answer extraction and the exact-match reward
@@ -24,12 +25,13 @@ seeds:
 
 - ``train.jsonl``: RL prompts with their correct worked answers;
 - ``test.jsonl``: the fixed held-out evaluation set (disjoint from ``train.jsonl`` and ``sft.jsonl``);
-- ``sft.jsonl``: the supervised data of the base policy, worked by a *sloppy teacher* that forgets the carry
-  (or borrow) on ``carry_error`` (default half) of the steps where the tens digit changes, e.g. ``47+8=45``,
-  and then carries on consistently from its wrong total. The base policy imitates it: it has learned the
-  format and the one-digit sums, but is unsure exactly where the reasoning is hard. Only a verifier knows
-  which of its two habits is right; RL with the exact-match reward is meant to learn to carry (not yet
-  shown: in 10-24 GRPO steps of 16 x 8 at lr 4e-5..3e-4 held-out accuracy did not rise).
+- ``sft.jsonl``: the supervised data of the base policy, written by a *hasty teacher* that, on ``hasty_rate``
+  (default 0.6) of the problems, stops after the first line and gives its sum as the total
+  (``47+8=55 -3+9`` then ``#### 55``). The base policy imitates both habits, so after its first line it
+  usually answers too early (greedy decoding always does) and is wrong. The choice is one token (``####``
+  or the next line's first digit) after the first line, so the exact-match reward teaches the policy to
+  work the chain out in a few GRPO steps: held-out accuracy rises and responses grow longer, with the
+  long tail of the long chains.
 
 CLI: ``python -m services.pipeline.tasks.running_total --out data/running_total``.
 """
@@ -49,6 +51,7 @@ __all__ = [
     "DEFAULT_DIR",
     "generate_problem",
     "generate_problems",
+    "teacher_answer",
     "worked_answer",
     "write_dataset",
 ]
@@ -58,7 +61,8 @@ DEFAULT_DIR = DATA_ROOT / NAME
 # chain-length mixture: (probability, min ops, max ops) -- most short, some medium, a few long
 LENGTH_MIX: tuple[tuple[float, int, int], ...] = ((0.80, 2, 5), (0.17, 6, 10), (0.03, 11, 14))
 SEEDS = {"train": 1, "test": 2, "sft": 3}
-SIZES = {"train": 4000, "test": 500, "sft": 20000}
+SIZES = {"train": 4000, "test": 500, "sft": 30000}
+HASTY_RATE = 0.6  # the hasty teacher stops after the first line on this share of sft.jsonl
 
 
 @dataclass(frozen=True)
@@ -102,32 +106,39 @@ def generate_problems(n: int, seed: int) -> list[Problem]:
     return [generate_problem(rng) for _ in range(n)]
 
 
-def worked_answer(p: Problem, carry_error: float = 0.0, rng: random.Random | None = None) -> str:
-    """The worked answer: one ``a+d=b <rest of the chain>`` line per operation, then ``#### <total>``.
-
-    With ``carry_error`` > 0 (needs ``rng``) it is the sloppy teacher's: on a step whose sum has a different
-    tens digit than its first term (a carry or a borrow), it keeps that tens digit with this probability
-    (``47+8`` -> ``45``, ``52-3`` -> ``59``) and goes on from the wrong total, so its final answer is wrong.
-    """
-    if carry_error > 0 and rng is None:
-        raise ValueError("carry_error > 0 needs an rng")
+def worked_answer(p: Problem) -> str:
+    """The worked answer: one ``a+d=b <rest of the chain>`` line per operation, then ``#### <total>``."""
     a, lines = p.start, []
     for i, d in enumerate(p.ops):
-        b = a + d
-        if carry_error > 0 and a >= 0 and b >= 0 and b // 10 != a // 10 and rng.random() < carry_error:
-            b = (a // 10) * 10 + b % 10
         rest = "".join(f"{x:+d}" for x in p.ops[i + 1 :])
-        lines.append(f"{a}{d:+d}={b}" + (" " + rest if rest else ""))
-        a = b
+        lines.append(f"{a}{d:+d}={a + d}" + (" " + rest if rest else ""))
+        a += d
     return "\n".join(lines) + f"\n#### {a}"
 
 
-def _rows(problems: list[Problem], carry_error: float = 0.0, seed: int = 0) -> list[dict]:
+def teacher_answer(p: Problem, hasty_rate: float, rng: random.Random) -> str:
+    """The hasty teacher's answer: with probability ``hasty_rate`` the first line, then ``#### <its sum>``
+    (wrong unless the rest of the chain sums to 0), else the worked answer.
+
+    Raises:
+        ValueError: ``hasty_rate`` outside [0, 1].
+    """
+    if not 0.0 <= hasty_rate <= 1.0:
+        raise ValueError(f"hasty_rate must be in [0, 1], got {hasty_rate}")
+    worked = worked_answer(p)
+    if len(p.ops) < 2 or rng.random() >= hasty_rate:
+        return worked
+    return worked.split("\n", 1)[0] + f"\n#### {p.start + p.ops[0]}"
+
+
+def _rows(problems: list[Problem], hasty_rate: float | None = None, seed: int = 0) -> list[dict]:
+    """GSM8K-format rows: worked answers, or the hasty teacher's with ``hasty_rate``."""
     rng = random.Random(seed)
-    return [{"question": p.question, "answer": worked_answer(p, carry_error, rng)} for p in problems]
+    answer = worked_answer if hasty_rate is None else (lambda p: teacher_answer(p, hasty_rate, rng))
+    return [{"question": p.question, "answer": answer(p)} for p in problems]
 
 
-def dataset_rows(carry_error: float = 0.5, sizes: dict | None = None) -> dict[str, list[dict]]:
+def dataset_rows(hasty_rate: float = HASTY_RATE, sizes: dict | None = None) -> dict[str, list[dict]]:
     """The three splits' rows (deterministic). Held-out test questions never appear in train or sft."""
     sizes = {**SIZES, **(sizes or {})}
     test = generate_problems(sizes["test"], SEEDS["test"])
@@ -140,16 +151,18 @@ def dataset_rows(carry_error: float = 0.5, sizes: dict | None = None) -> dict[st
             p = generate_problem(rng)
             if p.question not in held:
                 probs.append(p)
-        out[split] = _rows(probs, carry_error if split == "sft" else 0.0, seed=SEEDS[split] + 100)
+        out[split] = _rows(probs, hasty_rate if split == "sft" else None, seed=SEEDS[split] + 100)
     return out
 
 
-def write_dataset(out_dir: str | Path = DEFAULT_DIR, carry_error: float = 0.5, sizes: dict | None = None):
+def write_dataset(
+    out_dir: str | Path = DEFAULT_DIR, hasty_rate: float = HASTY_RATE, sizes: dict | None = None
+):
     """Write ``train.jsonl``, ``test.jsonl`` and ``sft.jsonl`` into ``out_dir``; returns the paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for split, rows in dataset_rows(carry_error, sizes).items():
+    for split, rows in dataset_rows(hasty_rate, sizes).items():
         path = out / f"{split}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         paths.append(path)
@@ -159,9 +172,11 @@ def write_dataset(out_dir: str | Path = DEFAULT_DIR, carry_error: float = 0.5, s
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m services.pipeline.tasks.running_total")
     ap.add_argument("--out", default=str(DEFAULT_DIR))
-    ap.add_argument("--carry-error", type=float, default=0.5, help="sloppy teacher's carry error (sft.jsonl)")
+    ap.add_argument(
+        "--hasty-rate", type=float, default=HASTY_RATE, help="hasty teacher's early-stop rate (sft.jsonl)"
+    )
     args = ap.parse_args(argv)
-    for p in write_dataset(args.out, args.carry_error):
+    for p in write_dataset(args.out, args.hasty_rate):
         print(p)
     return 0
 
