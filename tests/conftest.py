@@ -69,6 +69,29 @@ def ray_cluster():
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+@pytest.fixture
+def train_tiny(tmp_path, tiny_policy_dir):
+    """``train_tiny(*overrides, steps=2, prompts=3, group=2, max_new_tokens=12)``: a short ``tailspec train`` job
+    on the tiny policy, without Ray unless an override says ``ray.use_ray=true``, in ``tmp_path / "run"``;
+    asserts exit code 0 and returns the run folder. ``overrides``: more ``key=value`` settings."""
+    from services.pipeline.cli import main
+
+    def train(*overrides: str, steps: int = 2, prompts: int = 3, group: int = 2, max_new_tokens: int = 12):
+        run = tmp_path / "run"
+        args = [
+            f"model.path={tiny_policy_dir}",
+            f"trainer.steps={steps}",
+            f"trainer.prompts_per_step={prompts}",
+            f"trainer.group_size={group}",
+            f"rollout.max_new_tokens={max_new_tokens}",
+            "ray.use_ray=false",
+        ]
+        assert main(["train", "--run-dir", str(run), *args, *overrides]) == 0
+        return run
+
+    return train
+
+
 @pytest.fixture(scope="session")
 def tiny_policy_dir(tmp_path_factory):
     """A tiny random policy folder (HF format, real BPE tokenizer trained on a GSM8K slice) for fast tests."""

@@ -20,7 +20,6 @@ import urllib.request
 import pytest
 
 from services.common import dashboards as dash
-from services.pipeline.cli import main
 
 PROMETHEUS = shutil.which("prometheus")
 STEPS = 3
@@ -108,25 +107,9 @@ def prometheus(tmp_path):
         log.close()
 
 
-def test_every_dashboard_query_returns_data(tmp_path, tiny_policy_dir, prometheus):
+def test_every_dashboard_query_returns_data(train_tiny, prometheus):
     base, metrics_port = prometheus
-    run = tmp_path / "run"
-    rc = main(
-        [
-            "train",
-            "--run-dir",
-            str(run),
-            f"model.path={tiny_policy_dir}",
-            f"trainer.steps={STEPS}",
-            "trainer.prompts_per_step=3",
-            "trainer.group_size=2",
-            "rollout.max_new_tokens=24",
-            "ray.use_ray=false",
-            "eval.enabled=false",
-            f"metrics.port={metrics_port}",
-        ]
-    )
-    assert rc == 0
+    train_tiny("eval.enabled=false", f"metrics.port={metrics_port}", steps=STEPS, max_new_tokens=24)
     # the endpoint outlives the run: wait until Prometheus has scraped the last step, then one scrape more, so
     # that every series (also one born in the last step) has two samples and rate() / increase() are defined
     last = lambda: _query(base, "max(tailspec_rl_step)")["data"]["result"]  # noqa: E731

@@ -7,8 +7,6 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.pipeline.cli import main
-
 
 def _scrape(url: str) -> dict[tuple, float]:
     text = urllib.request.urlopen(url, timeout=10).read().decode()
@@ -19,23 +17,8 @@ def _scrape(url: str) -> dict[tuple, float]:
     return out
 
 
-def test_live_endpoint_matches_metrics_jsonl(tmp_path, tiny_policy_dir):
-    run = tmp_path / "run"
-    rc = main(
-        [
-            "train",
-            "--run-dir",
-            str(run),
-            f"model.path={tiny_policy_dir}",
-            "trainer.steps=2",
-            "trainer.prompts_per_step=3",
-            "trainer.group_size=2",
-            "rollout.max_new_tokens=12",
-            "ray.use_ray=false",
-            "metrics.port=0",
-        ]
-    )
-    assert rc == 0
+def test_live_endpoint_matches_metrics_jsonl(train_tiny):
+    run = train_tiny("metrics.port=0")
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((run / "summary.json").read_text())
     m = _scrape(summary["metrics_endpoint"])

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from services.common.config import ConfigError, load_config
-from services.pipeline.cli import main
 from services.pipeline.sinks import MetricSinks, check_loggers, scalars
 
 
@@ -83,25 +82,14 @@ def test_default_loggers_are_console_and_jsonl():
     assert check_loggers(["console", "jsonl", "tensorboard", "wandb"]) is None
 
 
-def test_run_logs_every_sink(tmp_path, tiny_policy_dir, capsys):
-    run = tmp_path / "run"
-    rc = main(
-        [
-            "train",
-            "--run-dir",
-            str(run),
-            f"model.path={tiny_policy_dir}",
-            "trainer.steps=2",
-            "trainer.prompts_per_step=2",
-            "trainer.group_size=2",
-            "rollout.max_new_tokens=8",
-            "ray.use_ray=false",
-            "eval.enabled=false",
-            "metrics.enabled=false",
-            "trainer.logger=[jsonl,tensorboard,wandb]",
-        ]
+def test_run_logs_every_sink(train_tiny, capsys):
+    run = train_tiny(
+        "eval.enabled=false",
+        "metrics.enabled=false",
+        "trainer.logger=[jsonl,tensorboard,wandb]",
+        prompts=2,
+        max_new_tokens=8,
     )
-    assert rc == 0
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert "step 1/2" not in capsys.readouterr().out  # no console logger: no progress lines

@@ -4,26 +4,10 @@ import json
 
 from services.common.status_cli import fetch_status
 from services.common.status_cli import main as status_main
-from services.pipeline.cli import main
 
 
-def test_status_of_a_run(tmp_path, tiny_policy_dir, capsys):
-    run = tmp_path / "run"
-    rc = main(
-        [
-            "train",
-            "--run-dir",
-            str(run),
-            f"model.path={tiny_policy_dir}",
-            "trainer.steps=2",
-            "trainer.prompts_per_step=3",
-            "trainer.group_size=2",
-            "rollout.max_new_tokens=12",
-            "ray.use_ray=false",
-            "coordinator.keep_serving=true",
-        ]
-    )
-    assert rc == 0
+def test_status_of_a_run(train_tiny, capsys):
+    run = train_tiny("coordinator.keep_serving=true")
     summary = json.loads((run / "summary.json").read_text())
     address = summary["coordinator_address"]
     token_file = run / "grpc_token"
