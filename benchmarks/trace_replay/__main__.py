@@ -19,8 +19,9 @@ draft position, speedups vs plain (paired per round, median). ``headline``: one 
 batch). Writes ``benchmarks/results/trace_replay.{json,md,png}`` (``--out-dir``, ``--name``), rewritten after
 every (shape, batch) so a long run keeps what it measured.
 
-``--quick``: the ``tiny`` shape on CPU, 8 problems (4 to warm up), max batch 8 and 32, the arms ``QUICK_ARMS``,
-2 rounds (~2-3 min on an idle 2-core machine). Batch 1 is left out there: it decodes all 16k tokens one step
+``--quick``: the ``tiny`` shape on CPU, 8 problems (8 others to warm up: their rollouts reach the measured
+run's batch sizes, as a long run's earlier steps do), max batch 8 and 32, the arms ``QUICK_ARMS``, 2 rounds
+(~3-4 min on an idle 2-core machine). Batch 1 is left out there: it decodes all 16k tokens one step
 at a time in each of ~12 runs.
 ``--device cuda``: default shapes Qwen2.5-1.5B and Qwen2.5-7B in bf16 (the engine replays CUDA graphs). No Ray
 is imported (the engine, drafters and tuner policy run in this process).
@@ -93,7 +94,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.batches = a.batches or ([8, 32] if a.quick else [1, 8, 32, 128])
     a.problems = a.problems or (8 if a.quick else 40)
     if a.warm_problems is None:
-        a.warm_problems = 4 if a.quick else 10
+        a.warm_problems = 8 if a.quick else 10
     if a.problems < 1 or a.warm_problems < 0 or a.problems + a.warm_problems > workload.NUM_PROBLEMS:
         ap.error(f"--problems + --warm-problems must be <= {workload.NUM_PROBLEMS} (and --problems >= 1)")
     a.rounds = a.rounds or (2 if a.quick else 3)

@@ -20,11 +20,13 @@ small and decoding is memory-bound; at large batches verification compute domina
   becomes reliably faster than off loses its strikes.
 - ``probe``: arms without an estimate but ``best`` (``off`` first, then untried first); ``explore``: the other
   arms but ``best`` (``off`` too when it is not the best).
-- A bucket with no estimate at all plays the best of the nearest bucket that has one (ties: the smaller batch
-  sizes) until its own steps judge it: a batch size the long tail reaches late is not decoded plain while its
-  arms wait for the regret budget. The rollout actors play probes, then explorations, only while their measured extra time
-  over the best stays within ``regret_budget`` of the bucket's time (``selector.py``): that budget is the one
-  bound on exploration.
+- A bucket with no evidence on drafting (no drafting arm's estimate, no strike) plays the best of the nearest
+  bucket that has some (ties: the smaller batch sizes) until its own steps judge it: off's evidence alone
+  cannot say whether drafting pays, and a batch size a rollout visits for few steps (the largest, before the
+  first request finishes; the long tail's) is not decoded plain while its arms wait for the regret budget.
+  The rollout actors play probes, then explorations, only while their measured extra time over the best
+  stays within ``regret_budget`` of the bucket's time (``selector.py``): that budget is the one bound on
+  exploration.
 
 ``BucketedBandit`` merges the actors' observations (``merge``), publishes ``table()`` and is checkpointed with
 ``state_dict`` / ``load_state_dict`` (JSON-serializable).
@@ -301,10 +303,14 @@ class BucketedBandit:
         ests = {n: st.estimate(cfg.min_samples) for n, st in bucket.arms.items() if st.banned_until < 0}
         off = ests.get(OFF.name)
         best = OFF.name
-        if off is not None:
+        # drafting evidence here: an arm's estimate, or a strike (an arm judged slower than off here before)
+        drafting = any(e is not None for n, e in ests.items() if n != OFF.name) or any(
+            st.strikes for st in bucket.arms.values()
+        )
+        if off is not None and drafting:
             quicker = [(e[0], n) for n, e in ests.items() if e is not None and faster(e, off, cfg.z)]
             best = max(quicker)[1] if quicker else OFF.name
-        elif borrowed is not None and borrowed in ests and not any(e is not None for e in ests.values()):
+        elif borrowed is not None and borrowed in ests and not drafting:
             best = borrowed
         probe = sorted(
             (n for n, e in ests.items() if e is None and n != best),
@@ -325,10 +331,10 @@ class BucketedBandit:
 
     def _rows(self) -> list[dict[str, Any]]:
         rows = [self._row(i) for i in range(len(self.edges))]
-        known = [i for i, r in enumerate(rows) if r["windows"]]
-        for i, r in enumerate(rows):
-            if not r["windows"] and known:
-                j = min(known, key=lambda j: (abs(j - i), j))  # the nearest bucket with evidence
+        known = [i for i, r in enumerate(rows) if set(r["windows"]) - {OFF.name} or r["guarded"]]
+        for i in range(len(rows)):
+            if i not in known and known:
+                j = min(known, key=lambda j: (abs(j - i), j))  # the nearest bucket with drafting evidence
                 rows[i] = self._row(i, rows[j]["best"])
         return rows
 

@@ -13,14 +13,21 @@ decode step it finds the active batch size's bucket in its copy of the central t
    its own steps show better). Within a
    rollout (a table is installed at rollout boundaries) the drafters' state moves (a new RL step's history,
    siblings finishing), so the central evidence of earlier rollouts can be stale; the own windows start empty
-   with each table;
-1. a ``probe`` arm (no estimate yet), else an ``explore`` arm (the other arms with an estimate; guarded and
-   gated arms are never played), the one it played least under this table version,
-   while the bucket's *regret budget* has room: exploration's measured extra time over the best arm,
-   ``sum(max(0, seconds - tokens / R_best))`` over the probe and exploration steps, is at most
-   ``regret_budget`` times the bucket's time (all its steps' seconds; ``R_best`` is the best arm's estimate of
-   step 0, and nothing is explored before it has one). So exploration costs at most that fraction of the
-   time, plus one step;
+   with each table. *Counterfactual records*: a step of a deterministic drafter (suffix, n-gram) also judges
+   that drafter's chains that are prefixes of its drafts (shorter than a played chain; as deep as a played
+   tree at most: its first-child chain), on the same requests and tokens: the first k nodes are (nearly
+   always: the suffix drafter may pick another match for another budget) the chain of k nodes, so that arm
+   would have committed ``sum(min(accepted, k) + 1)`` tokens (``StepObservation.accepted_lengths``), in the
+   step's seconds times the two arms' ratio of mean step seconds in the table's windows. So those chains are
+   compared on the same steps, not on evidence of other rollouts, and need no exploration;
+1. a ``probe`` arm (no estimate yet; the table's order, rotated by the seed), else an ``explore`` arm (the
+   other arms with an estimate but the best's shorter chains; guarded and gated arms are never played), the
+   one with the highest upper bound ``R + z * se`` (the likeliest to beat the best; its own steps then move
+   its estimate), while the bucket's *regret budget* has room: exploration's measured extra time over the
+   best arm, ``sum(max(0, seconds - tokens / R_best))`` over the probe and exploration steps, is at most
+   ``regret_budget`` times the bucket's time under this table (all its steps' seconds; ``R_best`` is the
+   best arm's estimate of step 0, and nothing is explored before it has one). So a rollout's exploration
+   costs at most that fraction of its time, plus one step per bucket;
 2. else the best of step 0.
 
 Each drafting request's draft length is capped by the length-aware budgets (``budgets.py``, after DAS).
@@ -47,11 +54,13 @@ from typing import Any
 
 from services.rollout_actor.speculative.base import DraftRequest
 from services.rollout_actor.speculative.strategy import OFF, Lease, StepObservation, Strategy
-from services.tuner.arms import Arm, TunerConfigError
+from services.tuner.arms import Arm, Drafter, TunerConfigError
 from services.tuner.bandit import BanditConfig, RateWindow, estimate_from_sums, faster
 from services.tuner.budgets import BudgetConfig, LengthBudgets
 
 CLOCKS = ("auto", "thread", "engine")
+# drafters whose chain of k nodes is the first k nodes of their longer chain (a budget cuts the draft)
+PREFIX_DRAFTERS = (Drafter.SUFFIX, Drafter.NGRAM)
 _KEYS = ("batch_size", "arm", "committed_tokens", "seconds", "steps", "explored")  # of an observation
 
 
@@ -110,16 +119,14 @@ class StrategySelector:
         self.lease: Lease | None = None
         self.choices: dict[str, int] = {}  # arm name -> steps (this actor, since the last drain)
         self._pending: list[dict[str, Any]] = []  # observations for the tuner
-        self._accounts: dict[int, _Account] = {}
         self._last: tuple[int, Arm, bool, float] | None = None  # bucket, arm, explored, thread time at choose
         self._lease_bucket = 0
         self.update_table(table)
 
     # ------------------------------------------------------------------ table
     def update_table(self, table: Mapping[str, Any]) -> None:
-        """Install a newer table (ends the lease; arms' play counts for candidate order restart)."""
+        """Install a newer table (ends the lease; own records and regret budgets start afresh)."""
         self._end_lease()
-        old = getattr(self, "_rows", None)
         self.table = table  # the table this selector plays (read-only: install another with update_table)
         self.version = int(table["version"])
         self.regret_budget = float(table.get("regret_budget", 0.0))
@@ -130,12 +137,10 @@ class StrategySelector:
         self.window = int(table.get("window", dflt.window))
         self.min_samples = int(table.get("min_samples", dflt.min_samples))
         self.z = float(table.get("z", dflt.z))
-        self._plays: dict[tuple[int, str], int] = {}
         self._own: dict[int, dict[str, RateWindow]] = {}  # bucket -> arm -> this selector's records
         # per bucket the arms that may be played: the best, the explore and probe lists (never guarded/gated)
         self._playable = [list(dict.fromkeys([r["best"], *r["explore"], *r["probe"]])) for r in self._rows]
-        if old is None or [r["lo"] for r in old] != [r["lo"] for r in self._rows]:
-            self._accounts = {}
+        self._accounts: dict[int, _Account] = {}  # each table's (rollout's) exploration has its own budget
 
     def _bucket_of(self, n: int) -> int:
         return max(0, bisect.bisect_right(self.edges, n) - 1)
@@ -146,14 +151,10 @@ class StrategySelector:
 
     # ------------------------------------------------------------------ per step
     def _plan(self, i: int) -> tuple[str, list[str], float | None]:
-        """Bucket ``i``'s best arm, exploration candidates and the best's throughput estimate (tokens/s; None:
-        none yet) (module docstring, steps 0-1)."""
+        """Bucket ``i``'s best arm, exploration candidates (in the order to try them) and the best's throughput
+        estimate (tokens/s; None: none yet) (module docstring, steps 0-1)."""
         row, own = self._rows[i], self._own.get(i, {})
         prior = row.get("windows", {})
-        if not own:
-            best = row["best"]
-            e = self._prior_estimate(prior, best)
-            return best, row["probe"] or row["explore"], e[0] if e else None
         best, playable = row["best"], self._playable[i]
         ests = {}
         for n in playable:
@@ -171,8 +172,10 @@ class StrategySelector:
             quicker = [(ests[n][0], n) for n in contenders if n in ests and faster(ests[n], off, self.z)]
             best = max(quicker)[1] if quicker else OFF.name
         probe = [n for n in row["probe"] if n not in ests]
-        cands = probe or [n for n in playable if n in ests and n != best]
-        return best, cands, ests[best][0] if best in ests else None
+        covered = {a.name for a in self._shorter_chains(i, self._arms[best])}  # their records come free
+        explore = [n for n in playable if n in ests and n != best and n not in covered]
+        explore.sort(key=lambda n: -(ests[n][0] + self.z * ests[n][1]))  # likeliest to beat the best first
+        return best, probe or explore, ests[best][0] if best in ests else None
 
     def _prior_estimate(self, prior: Mapping[str, list[float]], arm: str) -> tuple[float, float] | None:
         """The table's estimate of ``arm`` from its window sums (``prior``: the row's ``windows``)."""
@@ -183,9 +186,8 @@ class StrategySelector:
         best, cands, rate = self._plan(i)
         if not rate or acc.spent >= self.regret_budget * acc.time or not cands:
             return self._arms[best], False, rate
-        k = len(cands)
-        j = min(range(k), key=lambda j: (self._plays.get((i, cands[j]), 0), (j - self.seed) % k))
-        self._plays[(i, cands[j])] = self._plays.get((i, cands[j]), 0) + 1
+        # probes rotated by the seed (actors probe different arms first); explorations by upper bound
+        j = self.seed % len(cands) if cands[0] in self._rows[i]["probe"] else 0
         return self._arms[cands[j]], True, rate
 
     def choose(self, requests: list[DraftRequest]) -> list[Strategy]:
@@ -224,6 +226,7 @@ class StrategySelector:
             return
         self._record(obs.batch_size, arm.name, obs.committed_tokens, seconds, 1, explored)
         self._own_record(i, arm.name, obs.committed_tokens, seconds)
+        self._counterfactual(i, arm, obs, seconds)
         acc = self._accounts[i]
         acc.time += seconds
         if explored:  # its extra time over the best's for the same tokens
@@ -232,6 +235,33 @@ class StrategySelector:
             acc.step = seconds
             if arm.is_off:
                 self._grant(i, acc)
+
+    def _shorter_chains(self, i: int, arm: Arm) -> list[Arm]:
+        """The playable chains of ``arm``'s drafter in bucket ``i`` that are prefixes of its drafts: shorter
+        than a chain, at most as deep as a tree (its first-child chain). None unless the drafter is in
+        ``PREFIX_DRAFTERS``."""
+        if arm.drafter not in PREFIX_DRAFTERS:
+            return []
+        k = arm.max_draft_tokens - 1 if arm.tree_width == 1 else arm.tree_depth
+        arms = (self._arms[n] for n in self._playable[i])
+        return [a for a in arms if a.drafter == arm.drafter and a.tree_width == 1 and a.max_draft_tokens <= k]
+
+    def _counterfactual(self, i: int, arm: Arm, obs: StepObservation, seconds: float) -> None:
+        """Records for ``_shorter_chains`` from the same step (module docstring, step 0): a chain of k nodes
+        is the first k nodes of the played draft's first-child chain, so it would have committed
+        ``sum(min(accepted, k) + 1)`` tokens; its seconds are the step's times the ratio of the two arms' mean
+        step seconds in the table's windows of this bucket (an arm without one gets no record)."""
+        shorter = self._shorter_chains(i, arm)
+        windows = self._rows[i].get("windows", {})
+        played = windows.get(arm.name)
+        if not shorter or not obs.accepted_lengths or not played or played[2] <= 0:
+            return
+        for a in shorter:
+            w = windows.get(a.name)
+            if w and w[2] > 0 and w[0] > 0:
+                k = a.max_draft_tokens
+                tokens = obs.batch_size + sum(min(x, k) for x in obs.accepted_lengths)
+                self._own_record(i, a.name, tokens, seconds * (w[2] / w[0]) / (played[2] / played[0]))
 
     def _own_record(self, i: int, arm: str, tokens: float, seconds: float) -> None:
         if seconds > 0:

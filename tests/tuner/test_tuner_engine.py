@@ -14,6 +14,8 @@ step times, learning over a few rounds. Decoding is greedy, so every arm produce
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from tokenizers import Tokenizer
 
@@ -56,16 +58,14 @@ class Modeled:
         return self.inner.choose(requests)
 
     def observe(self, obs: StepObservation):
-        self.inner.observe(
-            StepObservation(
-                obs.batch_size,
-                obs.strategy,
-                obs.committed_tokens,
-                obs.drafted_tokens,
-                obs.accepted_tokens,
-                cost(obs.batch_size, obs.drafted_tokens) / 1e3,
-            )
+        # the engine reports every request's draft and accepted lengths (the selector's counterfactual records)
+        assert len(obs.draft_lengths) == len(obs.accepted_lengths) == obs.batch_size
+        assert (sum(obs.draft_lengths), sum(obs.accepted_lengths)) == (
+            obs.drafted_tokens,
+            obs.accepted_tokens,
         )
+        assert all(0 <= a <= d for a, d in zip(obs.accepted_lengths, obs.draft_lengths))
+        self.inner.observe(replace(obs, seconds=cost(obs.batch_size, obs.drafted_tokens) / 1e3))
 
 
 @pytest.fixture(scope="module")
