@@ -44,7 +44,7 @@ from services.rollout_actor.shapes import SHAPES, build_model, load_tokenizer, s
 
 REPO = Path(__file__).resolve().parents[2]
 OUT_DIR = REPO / "benchmarks" / "results"
-QUICK_ARMS = ("suffix-k8", "suffix-k16", "suffix-k32", "ngram-k3")
+QUICK_ARMS = ("suffix-k8", "suffix-k16", "ngram-k3")
 
 
 def _ints(s: str) -> list[int]:
