@@ -355,10 +355,6 @@ class Engine(AdmissionMixin):
         probs = self._target_probs(batch, out.logits)
         nxt, paths = self._verify(batch, probs)
         finished, committed, drafted, accepted = self._commit_step(batch, out, nxt, paths)
-        lengths = (
-            tuple(len(d) for d in batch.drafts),
-            tuple(chain_accepted(d, p) for d, p in zip(batch.drafts, paths)),
-        )
         seconds = time.perf_counter() - t0
         cpu = time.process_time() - c0 if self.cpu_clock else None
         captured = self.graphed.pool.stats.capture_seconds - capture0 if self.graphed is not None else 0.0
@@ -388,8 +384,10 @@ class Engine(AdmissionMixin):
         )
         if lease is None:
             selector = self._selector
+            drafts = tuple(len(d) for d in batch.drafts)
+            chains = tuple(chain_accepted(d, p) for d, p in zip(batch.drafts, paths))
             selector.observe(
-                StepObservation(b, arm, committed, drafted, accepted, seconds, captured, *lengths)
+                StepObservation(b, arm, committed, drafted, accepted, seconds, captured, drafts, chains)
             )
             self._lease = getattr(selector, "lease", None)
         return finished
