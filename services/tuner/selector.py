@@ -78,6 +78,15 @@ def resolve_clock(clock: str) -> str:
         return "thread"
 
 
+def prefix_chains(arm: Arm, arms: list[Arm]) -> list[Arm]:
+    """The chains among ``arms`` that are prefixes of ``arm``'s drafts: of its drafter, shorter than a chain,
+    at most as deep as a tree (its first-child chain). None unless the drafter is in ``PREFIX_DRAFTERS``."""
+    if arm.drafter not in PREFIX_DRAFTERS:
+        return []
+    k = arm.max_draft_tokens - 1 if arm.tree_width == 1 else arm.tree_depth
+    return [a for a in arms if a.drafter == arm.drafter and a.tree_width == 1 and a.max_draft_tokens <= k]
+
+
 class _Account:
     """One bucket's regret budget: its time, exploration's extra time, the seconds of its last best step."""
 
@@ -140,6 +149,11 @@ class StrategySelector:
         self._own: dict[int, dict[str, RateWindow]] = {}  # bucket -> arm -> this selector's records
         # per bucket the arms that may be played: the best, the explore and probe lists (never guarded/gated)
         self._playable = [list(dict.fromkeys([r["best"], *r["explore"], *r["probe"]])) for r in self._rows]
+        # per bucket, per playable arm: the playable chains its steps give counterfactual records to
+        self._prefixes = [
+            {n: prefix_chains(self._arms[n], [self._arms[m] for m in names]) for n in names}
+            for names in self._playable
+        ]
         self._accounts: dict[int, _Account] = {}  # each table's (rollout's) exploration has its own budget
 
     def _bucket_of(self, n: int) -> int:
@@ -172,7 +186,7 @@ class StrategySelector:
             quicker = [(ests[n][0], n) for n in contenders if n in ests and faster(ests[n], off, self.z)]
             best = max(quicker)[1] if quicker else OFF.name
         probe = [n for n in row["probe"] if n not in ests]
-        covered = {a.name for a in self._shorter_chains(i, self._arms[best])}  # their records come free
+        covered = {a.name for a in self._prefixes[i].get(best, ())}  # their records come free
         explore = [n for n in playable if n in ests and n != best and n not in covered]
         explore.sort(key=lambda n: -(ests[n][0] + self.z * ests[n][1]))  # likeliest to beat the best first
         return best, probe or explore, ests[best][0] if best in ests else None
@@ -236,22 +250,12 @@ class StrategySelector:
             if arm.is_off:
                 self._grant(i, acc)
 
-    def _shorter_chains(self, i: int, arm: Arm) -> list[Arm]:
-        """The playable chains of ``arm``'s drafter in bucket ``i`` that are prefixes of its drafts: shorter
-        than a chain, at most as deep as a tree (its first-child chain). None unless the drafter is in
-        ``PREFIX_DRAFTERS``."""
-        if arm.drafter not in PREFIX_DRAFTERS:
-            return []
-        k = arm.max_draft_tokens - 1 if arm.tree_width == 1 else arm.tree_depth
-        arms = (self._arms[n] for n in self._playable[i])
-        return [a for a in arms if a.drafter == arm.drafter and a.tree_width == 1 and a.max_draft_tokens <= k]
-
     def _counterfactual(self, i: int, arm: Arm, obs: StepObservation, seconds: float) -> None:
-        """Records for ``_shorter_chains`` from the same step (module docstring, step 0): a chain of k nodes
+        """Records for ``prefix_chains`` of the played arm from the same step (module docstring, step 0): a chain of k nodes
         is the first k nodes of the played draft's first-child chain, so it would have committed
         ``sum(min(accepted, k) + 1)`` tokens; its seconds are the step's times the ratio of the two arms' mean
         step seconds in the table's windows of this bucket (an arm without one gets no record)."""
-        shorter = self._shorter_chains(i, arm)
+        shorter = self._prefixes[i].get(arm.name, ())
         windows = self._rows[i].get("windows", {})
         played = windows.get(arm.name)
         if not shorter or not obs.accepted_lengths or not played or played[2] <= 0:
