@@ -99,8 +99,10 @@ class SpeculativeConfig:
     max_draft_tokens: int = 8
     tree_width: int = 1
     tree_depth: int = 0
-    # rollout_speedup_vs_plain: replay this many of each step's prompts (x G) with speculation off and on
+    # rollout_speedup_vs_plain: replay this many of a step's prompts (x G) with speculation off and on, on
+    # step 1 and every speedup_every-th step after it (the replay's seconds are not counted in step_seconds)
     speedup_sample_prompts: int = 2
+    speedup_every: int = 5
     # the learned (EAGLE) drafter and the suffix+learned hybrid; checkpoint null = a fresh seeded draft head
     learned: bool = True
     learned_checkpoint: str | None = None
@@ -363,6 +365,11 @@ def _validate(cfg: Config) -> None:
             "rollout.speculative.speedup_sample_prompts",
             cfg.rollout.speculative.speedup_sample_prompts >= 0,
             "must be >= 0",
+        ),
+        (
+            "rollout.speculative.speedup_every",
+            cfg.rollout.speculative.speedup_every >= 1,
+            "must be >= 1",
         ),
         ("spot.preempt_deadline_s", sp.preempt_deadline_s > 0, "must be > 0"),
         ("spot.min_fresh_samples", sp.min_fresh_samples >= 1, "must be >= 1"),

@@ -168,12 +168,17 @@ class RLDriver:
         }
 
     # ------------------------------------------------------------------ one step
-    def _rollout(self, step: int, prompts: list[GSM8KExample]) -> tuple[list, list[ShardResult], float]:
+    def _rollout(
+        self, step: int, prompts: list[GSM8KExample]
+    ) -> tuple[list, list[ShardResult], float, float]:
+        """The step's rollout: its requests, the workers' results, its seconds, and the seconds of the speed-up
+        measurement (a replayed sample, on step 1 and every ``speedup_every``-th step; 0.0 on the others)."""
         reqs = group_requests(step, prompts, self.tokenizer, self.cfg.trainer.group_size, self.cfg.run.seed)
         shards = assign_groups([(pid, self.lengths.predict(pid)) for pid in reqs], len(self.plane.rollout))
         t0 = time.perf_counter()
         spec = self.cfg.rollout.speculative
         measure = (spec.enabled or self.cfg.tuner.enabled) and spec.speedup_sample_prompts > 0
+        measure = measure and (step - 1) % spec.speedup_every == 0
         results, trained, phase_end = self.plane.rollout_phase(
             step, [[r for pid in shard for r in reqs[pid]] for shard in shards], measure
         )
@@ -181,13 +186,15 @@ class RLDriver:
             w = str(res.worker)
             self.bubbles.record(step, w, res.finished_at, phase_end, trained.get(w, 0.0))
         rollout_s = time.perf_counter() - t0
-        self.speedup = None
+        self.speedup, measure_s = None, 0.0
         if measure:
             # replay a fixed sample (the first groups of worker 0's shard) with speculation off and on
+            t0 = time.perf_counter()
             sample = [r for pid in shards[0][: spec.speedup_sample_prompts] for r in reqs[pid]]
             self.speedup = self.plane.rollout.call(0, "measure_speedup", sample)
+            measure_s = time.perf_counter() - t0
         self.tuner_row = self.plane.tune(results) if self.plane.tuner is not None else None
-        return reqs, results, rollout_s
+        return reqs, results, rollout_s, measure_s
 
     def step(self, step: int) -> dict:
         cfg = self.cfg
@@ -195,7 +202,7 @@ class RLDriver:
         prompts = self.sampler.next(cfg.trainer.prompts_per_step)
         by_pid = {problem_id(ex): ex for ex in prompts}
         self._set_phase("rollout")
-        reqs, results, rollout_s = self._rollout(step, prompts)
+        reqs, results, rollout_s, measure_s = self._rollout(step, prompts)
         self._set_phase("reward")
 
         t0 = time.perf_counter()
@@ -258,7 +265,8 @@ class RLDriver:
             "reward_seconds": reward_s,
             "train_seconds": train_s,
             "weight_sync_seconds": sync_s,
-            "step_seconds": time.perf_counter() - t_step,
+            "step_seconds": time.perf_counter() - t_step - measure_s,  # the RL step, without the measurement
+            "speedup_measure_seconds": measure_s,
             "policy_version": version,
             "loss": stats["loss"],
             "clip_fraction": stats["clip_fraction"],

@@ -87,6 +87,7 @@ def step_totals(rows: list[dict], lengths_per_step: list[list[int]]) -> dict:
         "rollout_seconds_total": sum(r["rollout_seconds"] for r in rows),
         "train_seconds_total": sum(r["train_seconds"] for r in rows),
         "step_seconds_total": sum(r["step_seconds"] for r in rows),
+        "speedup_measure_seconds_total": sum(r.get("speedup_measure_seconds", 0.0) for r in rows),
         "tokens_generated_total": sum(r["tokens_generated"] for r in rows),
         "response_len_max": max(r["response_len_max"] for r in rows),
         **length_stats([n for lens in lengths_per_step for n in lens], "response_len_run_"),
@@ -154,8 +155,10 @@ def spec_summary(rows: list[dict], strategy: str) -> dict:
         "acceptance_rate": accepted / drafted if drafted else None,
         "drafters": merge_drafters(rows),
         "rollout_speedup_vs_plain": float(np.mean(speedups)) if speedups else None,
-        "rollout_speedup_vs_plain_method": "mean over steps of a replayed sample of each step's prompts, "
-        "speculation off vs on on the same worker (not the live rollout)",
+        "rollout_speedup_vs_plain_method": "mean over the measured steps (step 1 and every "
+        "rollout.speculative.speedup_every-th) of a replayed sample of the step's prompts, speculation off vs on "
+        "on the same worker (not the live rollout)",
+        "speedup_measurements": len(speedups),
         "long_tail_speedup_vs_plain": float(np.mean(tails)) if tails else None,
         "long_tail_speedup_vs_plain_method": "the same replayed samples, decode steps with <= "
         f"{LONG_TAIL_BATCH} active requests only",

@@ -27,7 +27,7 @@ def _train(tmp_path, policy, *extra, config=None):
 
 
 def test_train_writes_every_output(tmp_path, tiny_policy_dir):
-    rc, run = _train(tmp_path, tiny_policy_dir)
+    rc, run = _train(tmp_path, tiny_policy_dir, "rollout.speculative.speedup_every=1")
     assert rc == 0
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
@@ -61,11 +61,14 @@ def test_train_writes_every_output(tmp_path, tiny_policy_dir):
     ):
         assert key in summary
     assert summary["steps"] == 2
-    # what speculation did to the tail: the replayed sample's whole-rollout and long-tail speed-ups, the
-    # step's share spent in rollout, the step with its rollout scaled to plain's
+    # what speculation did to the tail: the replayed sample's whole-rollout and long-tail speed-ups (on step 1
+    # and every speedup_every-th step: here 1 and 2), the step's share spent in rollout, the step with its
+    # rollout scaled to plain's; the measurement's seconds are not in the step's
     for r in rows:
         assert 0 < r["rollout_share_of_step"] < 1
         assert r["rollout_share_of_step"] == pytest.approx(r["rollout_seconds"] / r["step_seconds"])
+        assert r["speedup_measure_seconds"] > 0
+        assert r["step_seconds"] > r["rollout_seconds"] + r["train_seconds"]
         m = r["speedup_measurement"]
         assert m["plain_long_tail_seconds"] > 0 and m["spec_long_tail_seconds"] > 0
         assert r["long_tail_speedup_vs_plain"] == m["plain_long_tail_seconds"] / m["spec_long_tail_seconds"]
@@ -75,6 +78,10 @@ def test_train_writes_every_output(tmp_path, tiny_policy_dir):
         assert r["step_speedup_vs_plain"] == pytest.approx(want)
     assert summary["long_tail_speedup_vs_plain"] == pytest.approx(
         sum(r["long_tail_speedup_vs_plain"] for r in rows) / 2
+    )
+    assert summary["speedup_measurements"] == 2
+    assert summary["speedup_measure_seconds_total"] == pytest.approx(
+        sum(r["speedup_measure_seconds"] for r in rows)
     )
     assert summary["response_len_run_tail_ratio"] >= 1
     assert 0 < summary["rollout_share_of_step"] < 1
@@ -86,9 +93,20 @@ def test_train_writes_every_output(tmp_path, tiny_policy_dir):
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in ckpt.iterdir()}
 
 
+def test_speedup_is_measured_on_step_1_and_every_speedup_every_th_step(tmp_path, tiny_policy_dir):
+    rc, run = _train(tmp_path, tiny_policy_dir, "trainer.steps=3", "rollout.speculative.speedup_every=2")
+    assert rc == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "speedup_measurement" in r] == [1, 3]
+    assert [r["speedup_measure_seconds"] > 0 for r in rows] == [True, False, True]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["speedup_measurements"] == 2
+
+
 @pytest.mark.parametrize(
     "override, message",
     [
+        ("rollout.speculative.speedup_every=0", "rollout.speculative.speedup_every"),
         ("trainer.stepz=2", "trainer.stepz"),
         ("trainer.steps=abc", "trainer.steps"),
         ("rollout.speculative.drafter=magic", "rollout.speculative.drafter"),
