@@ -1,35 +1,20 @@
 """The central tuner's strategy table: one bandit per batch-size bucket, plain decoding (``off``) as baseline.
 
-After TLT's BEG-MAB (arXiv 2511.16665, "Taming the Long Tail"): decode steps are grouped into buckets by the
-*active batch size*, because the best speculation strategy depends on it (deep drafts pay when the batch is
-small and decoding is memory-bound; at large batches verification compute dominates and plain decoding wins).
+After TLT's BEG-MAB (arXiv 2511.16665, "Taming the Long Tail"): decode steps are bucketed by their *active
+batch size*, because the best strategy depends on it. A step's reward is its committed tokens per second of
+draft + verify (``selector.py`` measures it). Per bucket and arm:
 
-- Reward of a step: committed tokens (accepted draft tokens + one bonus/correction per request) per second of
-  draft + verify, as the rollout actor measured it (``selector.py``: thread CPU time on CPU, wall time on CUDA).
-- Estimate of an arm in a bucket: its throughput ``R = sum(tokens) / sum(seconds)`` over a sliding window of
-  its last ``window`` steps, for a drafting arm within the bucket's last ``horizon`` steps (sliding-window
-  bandits for a reward that drifts, Garivier & Moulines 2011: the drafters' history grows, problems change; an
-  arm explored long ago is not compared with one played just now, it is probed afresh; plain decoding's cost
-  does not drift with the drafters, so ``off`` keeps its window), with the delta-method standard error
-  ``se = sqrt(sum((tokens_i - R * seconds_i) ** 2) / (n (n - 1))) / mean(seconds)``; an arm with fewer than
-  ``min_samples`` steps in its window has none.
-- ``a`` is *reliably faster* than ``b`` when ``R_a - R_b > z * sqrt(se_a ** 2 + se_b ** 2)``.
-- ``best``: off, unless an arm is reliably faster than off (then the fastest such arm).
-- ``guarded`` (banned): an arm reliably slower than off. Its ``k``-th ban lasts ``ban_steps * 2 ** (k - 1)``
-  steps of its bucket; then its window is cleared and it is probed again (exponential back-off). An arm that
-  becomes reliably faster than off loses its strikes.
-- ``probe``: arms without an estimate but ``best`` (``off`` first, then untried first); ``explore``: the other
-  arms but ``best`` (``off`` too when it is not the best).
-- A bucket with no evidence on drafting (no drafting arm's estimate, no strike) plays the best of the nearest
-  bucket that has some (ties: the smaller batch sizes) until its own steps judge it: off's evidence alone
-  cannot say whether drafting pays, and a batch size a rollout visits for few steps (the largest, before the
-  first request finishes; the long tail's) is not decoded plain while its arms wait for the regret budget.
-  The rollout actors play probes, then explorations, only while their measured extra time over the best
-  stays within ``regret_budget`` of the bucket's time (``selector.py``): that budget is the one bound on
-  exploration.
+- estimate: throughput ``R = sum(tokens) / sum(seconds)`` over the arm's last ``window`` steps (a drafting
+  arm's within the bucket's last ``horizon`` steps: a sliding-window bandit, Garivier & Moulines 2011), with
+  the delta-method standard error ``se`` (``estimate_from_sums``); none below ``min_samples`` steps;
+- ``a`` is reliably faster than ``b`` when ``R_a - R_b > z * hypot(se_a, se_b)`` (``faster``);
+- the table's row (``table()``): ``best`` is off unless an arm is reliably faster than off (then the fastest
+  such arm); ``guarded``: arms reliably slower than off, the k-th ban lasting ``ban_steps * 2 ** (k - 1)``
+  bucket steps, then probed afresh; ``probe``: arms without an estimate; ``explore``: the others. A bucket
+  without drafting evidence plays the best of the nearest bucket that has some.
 
-``BucketedBandit`` merges the actors' observations (``merge``), publishes ``table()`` and is checkpointed with
-``state_dict`` / ``load_state_dict`` (JSON-serializable).
+docs/tuner.md gives the reasons. ``BucketedBandit`` merges the actors' observations (``merge``), publishes
+``table()`` and is checkpointed with ``state_dict`` / ``load_state_dict`` (JSON-serializable).
 """
 
 from __future__ import annotations
@@ -39,28 +24,30 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
-from services.tuner.arms import OFF, Arm, TunerConfigError
+from services.tuner.arms import OFF, Arm
+from services.tuner.settings import Settings, TunerConfigError, check_int, check_number
 
 STATE_FORMAT = 2
 
 
 @dataclass
-class BanditConfig:
-    """Tuner settings (config section ``tuner.bandit``; module docstring).
+class BanditConfig(Settings):
+    """Config section ``tuner.bandit`` (module docstring).
 
     bucket_edges: batch sizes where buckets start (bucket i: ``edges[i] <= b < edges[i + 1]``, the last
-    open-ended); window: steps per arm in an estimate; horizon: the bucket steps a drafting arm's estimate looks
-    back (older records are dropped); min_samples: steps before an arm has an estimate;
+    open-ended); window: steps per arm in an estimate; min_samples: steps before an arm has an estimate;
     z: standard errors a difference must clear; regret_budget: exploration's extra time as a fraction of a
-    bucket's time; ban_steps: bucket steps of a first ban (doubling per strike).
+    bucket's time (``selector.py``); ban_steps: bucket steps of a first ban (doubling per strike); horizon:
+    the bucket steps a drafting arm's estimate looks back.
 
     Raises:
         TunerConfigError: a value out of range (the message names the key).
     """
 
+    SECTION = "bandit"
     bucket_edges: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256])
     window: int = 64
     min_samples: int = 4
@@ -68,9 +55,6 @@ class BanditConfig:
     regret_budget: float = 0.01
     ban_steps: int = 64
     horizon: int = 2048
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     def validate(self, source: str = "config") -> None:
         p = f"{source}: tuner.bandit"
@@ -81,29 +65,9 @@ class BanditConfig:
             raise TunerConfigError(f"{p}.bucket_edges: must be strictly increasing, got {edges}")
         self.bucket_edges = edges
         for key, lo in (("window", 2), ("min_samples", 2), ("ban_steps", 1), ("horizon", 2)):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise TunerConfigError(f"{p}.{key}: must be an integer >= {lo}, got {v!r}")
-        for key, hi in (("z", math.inf), ("regret_budget", 1.0)):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= hi:
-                raise TunerConfigError(f"{p}.{key}: must be a number in [0, {hi}], got {v!r}")
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None, source: str = "config") -> BanditConfig:
-        """Build from a config mapping. Raises ``TunerConfigError`` on an unknown key or a bad value."""
-        d = dict(d or {})
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(str(k) for k in d if k not in known)
-        if unknown:
-            raise TunerConfigError(f"{source}: tuner.bandit: unknown key(s) {unknown}; allowed: {known}")
-        try:
-            return cls(**d)
-        except TunerConfigError as e:  # validated as "config": name the real source
-            raise TunerConfigError(str(e).replace("config: ", f"{source}: ", 1)) from None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+            check_int(getattr(self, key), f"{p}.{key}", lo)
+        check_number(self.z, f"{p}.z", 0, math.inf)
+        check_number(self.regret_budget, f"{p}.regret_budget", 0, 1)
 
 
 class RateWindow:
@@ -182,8 +146,9 @@ class _Arm:
 
     def state(self, steps: int) -> dict[str, Any]:
         ban_left = self.banned_until - steps if self.banned_until >= 0 else -1
+        window = [list(x) for x in self.window.records]
         return {
-            "window": [list(x) for x in self.window.records],
+            "window": window,
             "n": self.n,
             "explored": self.explored,
             "strikes": self.strikes,
@@ -203,10 +168,6 @@ class _Arm:
             "guarded": self.banned_until >= 0,
             "strikes": self.strikes,
         }
-
-    def estimate(self, min_samples: int) -> tuple[float, float] | None:
-        """(throughput, standard error) in committed tokens per second, or None below ``min_samples``."""
-        return self.window.estimate(min_samples)
 
 
 class _Bucket:
@@ -278,7 +239,7 @@ class BucketedBandit:
         for name, st in bucket.arms.items():
             if name != OFF.name:  # plain decoding's cost does not drift with the drafters' history
                 st.window.expire(bucket.steps - cfg.horizon)
-        off = bucket.arms[OFF.name].estimate(cfg.min_samples)
+        off = bucket.arms[OFF.name].window.estimate(cfg.min_samples)
         for name, st in bucket.arms.items():
             if name == OFF.name:
                 continue
@@ -287,7 +248,7 @@ class BucketedBandit:
                     st.banned_until = -1
                     st.window.clear()
                 continue
-            est = st.estimate(cfg.min_samples)
+            est = st.window.estimate(cfg.min_samples)
             if off is None or est is None:
                 continue
             if faster(off, est, cfg.z):
@@ -300,7 +261,9 @@ class BucketedBandit:
         """Bucket ``i``'s table row; ``borrowed``: the best of the nearest bucket with evidence, played while
         this one has none (``table``)."""
         cfg, bucket = self.cfg, self._buckets[i]
-        ests = {n: st.estimate(cfg.min_samples) for n, st in bucket.arms.items() if st.banned_until < 0}
+        ests = {
+            n: st.window.estimate(cfg.min_samples) for n, st in bucket.arms.items() if st.banned_until < 0
+        }
         off = ests.get(OFF.name)
         best = OFF.name
         # drafting evidence here: an arm's estimate, or a strike (an arm judged slower than off here before)

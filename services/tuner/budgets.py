@@ -1,83 +1,59 @@
 """Length-aware draft budgets, after DAS (arXiv 2511.13841, "Distribution-Aware Speculative decoding").
 
-In RL rollouts the same problems come back step after step, and a problem's past response lengths predict
-its future ones. The long responses are the tail that decides the rollout's makespan, so they get the largest
-draft budgets and are served first when draft tokens are scarce.
-
-- ``LengthHistory``: per ``problem_id`` the last ``history`` response lengths (tokens); a problem's predicted
-  length is ``(1 - max_weight) * mean + max_weight * max``. ``classify(problem_id, generated=0)`` is ``long``
-  at or above the long threshold, ``short`` at or below the short one, else ``medium``; the thresholds are
-  ``long_threshold`` / ``short_threshold`` (tokens) when set, else the ``long_quantile`` / ``short_quantile``
-  of the known problems' predicted lengths (with at least ``min_problems`` of them; else every problem is
-  ``medium``). An unknown problem is ``medium``; a request that has generated the long threshold is ``long``.
-- ``LengthBudgets.allocate(requests, quota=None)``: ``requests`` are ``(request_id, problem_id,
-  requested_budget[, generated])``; each wants ``min(requested_budget, its class budget)`` (None: the class
-  budget) draft tokens. The quota (``step_quota``) goes to long requests first, then medium, then short;
-  within a class the longest predicted first, then input order; the request where it runs out gets the rest,
-  later ones 0. Returns ``{request_id: budget}`` in input order.
-
-Configuration errors raise ``TunerConfigError`` naming the key; bad requests raise ``ValueError``.
+In RL rollouts the same problems come back step after step, and a problem's past response lengths predict its
+next ones. The long responses decide the rollout's makespan, so they get the largest draft budgets and are
+served first when a step's draft tokens run short (the rule: ``LengthHistory.classify``,
+``LengthBudgets.allocate``). Configuration errors raise ``TunerConfigError`` naming the key; bad requests
+raise ``ValueError``.
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from services.tuner.arms import TunerConfigError
+from services.tuner.settings import Settings, TunerConfigError, check_int, check_number
 
 CLASSES = ("long", "medium", "short")
 _RANK = {c: i for i, c in enumerate(CLASSES)}
 
 
-def _pos_int(v: Any, where: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TunerConfigError(f"{where}: must be a positive integer, got {v!r}")
-    if v <= 0:
-        raise TunerConfigError(f"{where}: must be > 0, got {v}")
-    return v
-
-
 @dataclass
-class BudgetConfig:
-    """Per-class draft budgets, per-step quota, and how problems are classified (see module docstring)."""
+class BudgetConfig(Settings):
+    """Config section ``tuner.budgets``: per-class draft budgets (tokens per request per step), the per-step
+    quota (draft tokens over all requests), and how problems are classified (``LengthHistory``). Raises
+    ``TunerConfigError`` naming the key of a bad value."""
 
+    SECTION = "budgets"
     long: int = 32
     medium: int = 8
     short: int = 4
     step_quota: int = 512
-    history: int = 8
-    max_weight: float = 0.5
+    history: int = 8  # lengths kept per problem
+    max_weight: float = 0.5  # predicted length = (1 - max_weight) * mean + max_weight * max
     long_quantile: float = 0.75
     short_quantile: float = 0.25
-    long_threshold: int | None = None
+    long_threshold: int | None = None  # tokens; None: the long_quantile of the problems' predicted lengths
     short_threshold: int | None = None
-    min_problems: int = 8
-    max_problems: int = 1_000_000
-
-    def __post_init__(self) -> None:
-        self.validate()
+    min_problems: int = 8  # known problems before the quantiles classify (else every problem is medium)
+    max_problems: int = 1_000_000  # problems remembered (the one seen longest ago is forgotten first)
 
     def validate(self, source: str = "config") -> None:
         p = f"{source}: tuner.budgets"
         for key in ("long", "medium", "short"):
-            _pos_int(getattr(self, key), f"{p}.{key} (draft budget of {key} requests)")
-        _pos_int(self.step_quota, f"{p}.step_quota (draft tokens per step)")
+            check_int(getattr(self, key), f"{p}.{key} (draft budget of {key} requests)", 1)
+        check_int(self.step_quota, f"{p}.step_quota (draft tokens per step)", 1)
         for key in ("history", "min_problems", "max_problems"):
-            _pos_int(getattr(self, key), f"{p}.{key}")
-        mw = self.max_weight
-        if isinstance(mw, bool) or not isinstance(mw, (int, float)) or not 0.0 <= mw <= 1.0:
-            raise TunerConfigError(f"{p}.max_weight: must be a number in [0, 1], got {mw!r}")
+            check_int(getattr(self, key), f"{p}.{key}", 1)
+        check_number(self.max_weight, f"{p}.max_weight", 0, 1)
         for key in ("long_quantile", "short_quantile"):
-            q = getattr(self, key)
-            if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0.0 < q < 1.0:
-                raise TunerConfigError(f"{p}.{key}: must be a number in (0, 1), got {q!r}")
+            check_number(getattr(self, key), f"{p}.{key}", 0, 1, open_=True)
         for key in ("long_threshold", "short_threshold"):
             if getattr(self, key) is not None:
-                _pos_int(getattr(self, key), f"{p}.{key} (tokens)")
+                check_int(getattr(self, key), f"{p}.{key} (tokens)", 1)
         for lo, hi in (("short_quantile", "long_quantile"), ("short_threshold", "long_threshold")):
             a, b = getattr(self, lo), getattr(self, hi)
             if a is not None and b is not None and a >= b:
@@ -85,23 +61,6 @@ class BudgetConfig:
 
     def budget(self, cls: str) -> int:
         return {"long": self.long, "medium": self.medium, "short": self.short}[cls]
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None, source: str = "config") -> BudgetConfig:
-        d = dict(d or {})
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(str(k) for k in d if k not in known)
-        if unknown:
-            raise TunerConfigError(
-                f"{source}: tuner.budgets: unknown key(s) {unknown}; allowed: {sorted(known)}"
-            )
-        try:
-            return cls(**d)
-        except TunerConfigError as e:  # validated as "config": name the real source
-            raise TunerConfigError(str(e).replace("config: ", f"{source}: ", 1)) from None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _quantile(sorted_xs: Sequence[float], q: float) -> float:
@@ -113,7 +72,8 @@ def _quantile(sorted_xs: Sequence[float], q: float) -> float:
 
 
 class LengthHistory:
-    """Per-problem recent response lengths and the long / medium / short classification."""
+    """Per problem (``problem_id``) its last ``history`` response lengths (tokens), and the long / medium / short
+    classification (``classify``)."""
 
     def __init__(self, cfg: BudgetConfig | None = None) -> None:
         self.cfg = cfg if cfg is not None else BudgetConfig()
@@ -138,20 +98,6 @@ class LengthHistory:
         for pid, n in items:
             self.record(pid, n)
 
-    def __len__(self) -> int:
-        return len(self._lengths)
-
-    def __contains__(self, problem_id: object) -> bool:
-        return problem_id in self._lengths
-
-    def mean(self, problem_id: str) -> float | None:
-        q = self._lengths.get(problem_id)
-        return sum(q) / len(q) if q else None
-
-    def max(self, problem_id: str) -> int | None:
-        q = self._lengths.get(problem_id)
-        return max(q) if q else None
-
     def predicted(self, problem_id: str) -> float | None:
         """``(1 - max_weight) * mean + max_weight * max`` of the problem's recent lengths; None if unknown."""
         q = self._lengths.get(problem_id)
@@ -161,7 +107,9 @@ class LengthHistory:
         return (1.0 - w) * (sum(q) / len(q)) + w * max(q)
 
     def thresholds(self) -> tuple[float | None, float | None]:
-        """``(long_threshold, short_threshold)`` in tokens; a None side means that class is not assigned."""
+        """``(long_threshold, short_threshold)`` in tokens: the configured ones, else the ``long_quantile`` /
+        ``short_quantile`` of the known problems' predicted lengths once ``min_problems`` are known; a None side
+        means that class is not assigned."""
         if self._thresholds is None:
             long_t: float | None = self.cfg.long_threshold
             short_t: float | None = self.cfg.short_threshold
@@ -177,6 +125,9 @@ class LengthHistory:
         return self._thresholds
 
     def classify(self, problem_id: str, generated: int = 0) -> str:
+        """``long`` when ``generated`` (tokens so far) or the predicted length reaches the long threshold,
+        ``short`` when the predicted length is at or below the short one, else ``medium`` (an unknown problem
+        too)."""
         long_t, short_t = self.thresholds()
         if long_t is not None and generated >= long_t:
             return "long"
@@ -188,15 +139,6 @@ class LengthHistory:
         if short_t is not None and pred <= short_t:
             return "short"
         return "medium"
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"lengths": {p: list(q) for p, q in self._lengths.items()}}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self._lengths.clear()
-        for p, lengths in state.get("lengths", {}).items():
-            for n in lengths:
-                self.record(str(p), int(n))
 
 
 class LengthBudgets:
@@ -210,7 +152,13 @@ class LengthBudgets:
         return self.history.classify(problem_id, generated)
 
     def allocate(self, requests: Sequence[Sequence[Any]], quota: int | None = None) -> dict[str, int]:
-        """``{request_id: draft budget}`` for one decode step (see the module docstring for the rule)."""
+        """``{request_id: draft budget}`` for one decode step, in input order.
+
+        ``requests``: ``(request_id, problem_id, requested_budget[, generated])``; each wants ``min(requested_budget,
+        its class budget)`` draft tokens (None: the class budget). The ``quota`` (default ``step_quota``) goes to
+        long requests first, then medium, then short; within a class the longest predicted first, then input
+        order; the request where it runs out gets the rest, later ones 0. Raises ``ValueError`` for a malformed
+        or duplicate request or a negative quota."""
         if quota is None:
             quota = self.cfg.step_quota
         if isinstance(quota, bool) or not isinstance(quota, int) or quota < 0:

@@ -1,47 +1,25 @@
 """The rollout actor's in-process strategy selector: the tuner's table, a regret budget, DAS draft budgets.
 
 ``StrategySelector`` implements the engine's ``StrategySelector`` protocol (``speculative/strategy.py``). Per
-decode step it finds the active batch size's bucket in its copy of the central table (``bandit.py``) and plays:
+decode step it finds the active batch size's bucket in its copy of the central table (``bandit.py``) and
+plays (docs/tuner.md, "The selector", gives the reasons):
 
-0. the bucket's *best*: the table's, re-judged on this selector's own steps since the table arrived. Per
-   (bucket, arm) it continues the central sliding window: its own records (``RateWindow``, the table's
-   ``window`` and ``min_samples``) fill the window and the central window's sums (the table's ``windows``)
-   fill the places left, weighted down as its own records arrive (``RateWindow.estimate(prior=...)``). Among
-   the table's best and the arms it has played, the best is off unless one is reliably faster than off (the
-   table's ``z``), then the fastest such arm: the bandit's rule (``bandit.py``) on fresher evidence (an arm
-   this selector has not played does not displace the table's best, so a gated table's ``off`` stays until
-   its own steps show better). Within a
-   rollout (a table is installed at rollout boundaries) the drafters' state moves (a new RL step's history,
-   siblings finishing), so the central evidence of earlier rollouts can be stale; the own windows start empty
-   with each table. *Counterfactual records*: a step of a deterministic drafter (suffix, n-gram) also judges
-   that drafter's chains that are prefixes of its drafts (shorter than a played chain; as deep as a played
-   tree at most: its first-child chain), on the same requests and tokens: the first k nodes are (nearly
-   always: the suffix drafter may pick another match for another budget) the chain of k nodes, so that arm
-   would have committed ``sum(min(accepted, k) + 1)`` tokens (``StepObservation.accepted_lengths``), in the
-   step's seconds times the two arms' ratio of mean step seconds in the table's windows. So those chains are
-   compared on the same steps, not on evidence of other rollouts, and need no exploration;
-1. a ``probe`` arm (no estimate yet; the table's order, rotated by the seed), else an ``explore`` arm (the
-   other arms with an estimate but the best's shorter chains; guarded and gated arms are never played), the
-   one with the highest upper bound ``R + z * se`` (the likeliest to beat the best; its own steps then move
-   its estimate), while the bucket's *regret budget* has room: exploration's measured extra time over the
-   best arm, ``sum(max(0, seconds - tokens / R_best))`` over the probe and exploration steps, is at most
-   ``regret_budget`` times the bucket's time under this table (all its steps' seconds; ``R_best`` is the
-   best arm's estimate of step 0, and nothing is explored before it has one). So a rollout's exploration
-   costs at most that fraction of its time, plus one step per bucket;
-2. else the best of step 0.
+0. the bucket's *best*: the table's rule re-judged on estimates that continue the central windows with this
+   selector's own steps since the table arrived (``RateWindow.estimate(prior=...)``), among the table's best
+   and the arms it has played. A step of the suffix or n-gram drafter also gives *counterfactual records* to
+   that drafter's shorter chains (``prefix_chains``): the chain of k nodes would have committed
+   ``sum(min(accepted, k) + 1)`` tokens (``StepObservation.accepted_lengths``), in the step's seconds times
+   the two arms' ratio of mean step seconds in the table; those chains are never explored while it plays;
+1. while the bucket's *regret budget* has room (exploration's extra time over the best,
+   ``sum(max(0, seconds - tokens / R_best))``, at most ``regret_budget`` of the bucket's time under this
+   table): a ``probe`` arm (rotated by the seed), else the ``explore`` arm with the highest ``R + z * se``;
+2. else the best. Each drafting request's draft length is capped by the length-aware budgets (``budgets.py``).
 
-Each drafting request's draft length is capped by the length-aware budgets (``budgets.py``, after DAS).
-
-Lease: when the best is off and nothing may be explored (no candidates, or the budget spent), the selector
-hands the engine a ``Lease`` over the bucket's batch sizes for as many steps as the budget needs to recover
-(at most ``lease_steps``): the engine plays them as plain steps without asking, timing every
-``sample_every``-th for off's estimate. At the next step the selector is asked about, the leased steps are
-counted in the bucket's time and reported to the tuner (each sample carries the steps since the previous one).
-
-Seconds (``clock``): ``"thread"``: the decoding thread's CPU time (``time.thread_time``) from ``choose`` to
-``observe`` (on a shared CPU machine other processes' load does not leak into an arm's reward); ``"engine"``:
-the engine's wall time (``StepObservation.seconds``), needed on CUDA where the thread waits for kernels;
-``"auto"``: thread without CUDA, else engine. A step that captured a CUDA graph is counted, not timed.
+*Lease*: when the best is off and nothing may be explored, the engine plays the bucket's next steps plain
+without asking (``Lease``; every ``sample_every``-th timed), reported at the next step it asks about.
+*Seconds* (``clock``): ``"thread"``: the decoding thread's CPU time from ``choose`` to ``observe`` (a busy
+neighbour does not look like a slow arm); ``"engine"``: the engine's wall time (needed on CUDA); ``"auto"``:
+thread without CUDA, else engine. A step that captured a CUDA graph is counted, not timed.
 """
 
 from __future__ import annotations

@@ -14,12 +14,10 @@ def history_with(lengths_by_problem, **cfg):
     return h
 
 
-def test_history_mean_max_and_window():
+def test_history_predicts_from_the_last_lengths():
     h = history_with({"p": [100, 300, 200]}, history=2)
-    assert h.mean("p") == 250 and h.max("p") == 300  # the window keeps the last 2
-    assert h.predicted("p") == pytest.approx(0.5 * 250 + 0.5 * 300)
-    assert h.mean("unknown") is None and h.max("unknown") is None and h.predicted("unknown") is None
-    assert "p" in h and len(h) == 1
+    assert h.predicted("p") == pytest.approx(0.5 * 250 + 0.5 * 300)  # mean and max of the last 2
+    assert h.predicted("unknown") is None
     with pytest.raises(ValueError):
         h.record("p", -1)
 
@@ -38,7 +36,7 @@ def test_max_matters_for_a_problem_that_sometimes_runs_long():
     lengths = {f"p{i}": [200 + 10 * i, 210 + 10 * i] for i in range(10)}
     lengths["spiky"] = [50, 50, 50, 600]
     h = history_with(lengths, max_weight=0.5)
-    assert h.mean("spiky") < h.mean("p0")
+    assert sum(lengths["spiky"]) / 4 < sum(lengths["p0"]) / 2
     assert h.classify("spiky") == "long"
     assert history_with(lengths, max_weight=0.0).classify("spiky") == "short"
 
@@ -56,14 +54,11 @@ def test_fixed_thresholds():
     assert h.classify("x", generated=2500) == "long"
 
 
-def test_history_state_and_eviction():
+def test_history_forgets_the_problem_seen_longest_ago():
     h = history_with({"a": [1, 2], "b": [3]}, max_problems=2)
-    h2 = LengthHistory(h.cfg)
-    h2.load_state_dict(h.state_dict())
-    assert h2.state_dict() == h.state_dict() == {"lengths": {"a": [1, 2], "b": [3]}}
     h.record("a", 5)  # a is now the most recent
     h.record("c", 7)  # evicts b
-    assert "b" not in h and "a" in h and "c" in h
+    assert h.predicted("b") is None and h.predicted("a") is not None and h.predicted("c") == 7
 
 
 def _budgets(**cfg):
@@ -122,11 +117,11 @@ def test_allocate_rejects_bad_requests():
 @pytest.mark.parametrize(
     "kwargs, fragment",
     [
-        ({"long": 0}, "tuner.budgets.long (draft budget of long requests): must be > 0, got 0"),
+        ({"long": 0}, "tuner.budgets.long (draft budget of long requests): must be an integer >= 1, got 0"),
         ({"medium": -8}, "tuner.budgets.medium"),
         ({"short": 2.5}, "tuner.budgets.short"),
         ({"short": True}, "tuner.budgets.short"),
-        ({"step_quota": 0}, "tuner.budgets.step_quota (draft tokens per step): must be > 0"),
+        ({"step_quota": 0}, "tuner.budgets.step_quota (draft tokens per step): must be an integer >= 1"),
         ({"history": 0}, "tuner.budgets.history"),
         ({"max_weight": 1.5}, "max_weight"),
         ({"long_quantile": 1.0}, "long_quantile"),
