@@ -310,20 +310,38 @@ def test_chain_depth_and_cap_leave_room_in_the_trie():
 
 
 # ---------------------------------------------------------------------------------------------- eviction
-def test_window_eviction_drops_a_problems_old_steps():
+def test_a_problem_keeps_the_responses_of_its_last_w_visits_however_many_steps_apart():
     d = SuffixTreeDrafter(window_steps=2, global_capacity=0, use_request=False)
-    old, new = unique(1000, 20), unique(2000, 20)
+    old, new, newer = unique(1000, 20), unique(2000, 20), unique(3000, 20)
     d.new_step(0)
     d.finish_request("a", "p", old)
     d.new_step(1)
     d.finish_request("b", "p", new)
+    for step in range(2, 40):  # an epoch of other problems: p is not visited, nothing of it is dropped
+        d.new_step(step)
+        d.finish_request(f"o{step}", f"other{step}", unique(10_000 + 100 * step, 20))
     assert d.propose([req("r", "p", old[:5])], [4])[0].tokens == old[5:9]
-    d.new_step(2)  # keeps steps 1..2: step 0's response is gone, step 1's stays
+    d.finish_request("c", "p", newer)  # p's third visit (step 39): its first one (step 0) is dropped
     assert d.propose([req("r", "p", old[:5])], [4])[0].tokens == []
     assert d.propose([req("r2", "p", new[:5])], [4])[0].tokens == new[5:9]
-    assert d.stats()["problem_responses"] == 1
-    d.new_step(3)
-    assert d.stats()["problems"] == 0 and d.propose([req("r2", "p", new[:5])], [4])[0].tokens == []
+    assert d.propose([req("r3", "p", newer[:5])], [4])[0].tokens == newer[5:9]
+
+
+def test_history_capacity_drops_the_problem_visited_longest_ago_whole():
+    d = SuffixTreeDrafter(history_capacity=4, global_capacity=0, use_request=False)
+    seqs = {pid: [unique(1000 * (i + 1) + 100 * j, 20) for j in range(3)] for i, pid in enumerate("abc")}
+    for pid, j in (("a", 0), ("a", 1), ("b", 0), ("b", 1)):
+        d.finish_request(f"{pid}{j}", pid, seqs[pid][j])
+    d.flush()
+    assert d.stats()["problem_responses"] == 4
+    d.finish_request("a2", "a", seqs["a"][2])  # a has the newest response: b is dropped whole
+    d.flush()
+    assert d.stats()["problems"] == 1 and d.stats()["problem_responses"] == 3
+    assert d.propose([req("r", "b", seqs["b"][0][:5])], [4])[0].tokens == []
+    assert d.propose([req("r", "a", seqs["a"][0][:5])], [4])[0].tokens == seqs["a"][0][5:9]
+    d.finish_request("c0", "c", seqs["c"][0])
+    d.flush()  # 4 responses: within the capacity, both stay
+    assert d.stats()["problems"] == 2 and d.stats()["problem_responses"] == 4
 
 
 def test_problem_capacity_is_fifo():

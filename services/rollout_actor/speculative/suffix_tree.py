@@ -23,8 +23,11 @@ Three counted suffix tries (every suffix of every indexed sequence, truncated to
   first ``propose`` after it finished. (The alternative, indexing siblings only in the background ``flush``
   after a rollout, would hide a rollout's finished siblings from its own long tail, the requests that
   profit most.) ``last_index_work`` is the number of suffixes the last ``propose`` indexed. A response stays
-  while it is one of the last ``problem_capacity`` of its problem and was added in one of the last
-  ``window_steps`` (W) RL steps: ``new_step(s)`` removes those added at steps ``<= s - W``.
+  while it is one of the last ``problem_capacity`` of its problem and was added in one of the problem's last
+  ``window_steps`` (W) *visits* (RL steps that added a response to it): a problem that comes back once per
+  epoch keeps its earlier epochs' responses (DAS's setting), however many steps an epoch takes. The problem
+  source holds at most ``history_capacity`` responses in all; beyond it the problem visited longest ago
+  (whose newest response is the oldest) is dropped whole.
 * **global**: the last ``global_capacity`` finished responses of all problems (FIFO over whole responses).
   Queued responses enter it at ``flush()`` (the rollout worker calls it after each rollout, in a background
   thread; ``new_step``, ``state_dict`` and ``stats`` flush too), so within one rollout the global source
@@ -77,7 +80,7 @@ ArcticInference/vLLM, ``beta = 1.0`` (a 1-token match drafts 2 tokens: cold-prob
 reaching 1.92 at K = 16, for ~30% more drafted tokens; alpha 2, beta 2 or both add 2-4.5% more tau for
 22-78% more drafted tokens, accepted/drafted falling from 0.25 to 0.22-0.15), ``min_match_len = 1``,
 ``max_depth = 32`` (64 changes tau by < 1%); min_token_prob 0.05-0.2 changes tau by < 0.5%. ``window_steps = 4``,
-``problem_capacity = 64`` responses, ``global_capacity = 512`` responses (a GRPO rollout or two; the token
+``problem_capacity = 64`` responses, ``history_capacity = 4096`` responses, ``global_capacity = 512`` responses (a GRPO rollout or two; the token
 count per response varies 10x), ``index_budget = 256`` suffixes (< 1 ms of indexing per ``propose``:
 ``python -m benchmarks.suffix_sibling_stall``).
 
@@ -114,6 +117,11 @@ from services.rollout_actor.speculative.suffix_trie import (
 __all__ = ["SuffixTreeDrafter", "SuffixTrie"]
 
 _STATE_FORMAT = 1
+# the constructor's arguments, in ``state_dict()["config"]``
+_CONFIG_KEYS = (
+    "max_depth window_steps global_capacity alpha beta min_match_len min_token_prob problem_capacity "
+    "history_capacity use_request index_budget"
+).split()
 _UNKNOWN = 1 << 30  # "no upper bound known" for a match length
 _MAX_REQUESTS = 1 << 16  # running-request states kept (oldest dropped beyond; the engine finishes requests)
 
@@ -145,12 +153,13 @@ class SuffixTreeDrafter(Drafter):
 
     Args:
         max_depth: D, the trie depth (tokens); matches are < D (a chain re-anchors past D).
-        window_steps: W, a problem keeps the responses of its last W RL steps (>= 1).
+        window_steps: W, a problem keeps the responses of its last W visits (RL steps that added one; >= 1).
         global_capacity: responses kept in the global trie (FIFO; 0 disables it).
         alpha, beta: draft size ``min(budget, floor(alpha * match_len + beta))``.
         min_match_len: shortest usable match (tokens, >= 1).
         min_token_prob: a node is drafted only while its path probability is >= this.
         problem_capacity: most responses kept per problem (FIFO; 0 disables the problem source).
+        history_capacity: most responses kept over all problems (>= 1; the problem visited longest ago goes).
         use_request: draft from the request's own prompt + output.
         index_budget: most suffixes of queued sibling responses one ``propose`` call indexes (>= 1).
 
@@ -170,6 +179,7 @@ class SuffixTreeDrafter(Drafter):
         min_match_len: int = 1,
         min_token_prob: float = 0.1,
         problem_capacity: int = 64,
+        history_capacity: int = 4096,
         use_request: bool = True,
         index_budget: int = 256,
     ):
@@ -181,8 +191,8 @@ class SuffixTreeDrafter(Drafter):
             raise ValueError("min_match_len must be in [1, max_depth)")
         if alpha < 0:
             raise ValueError("alpha must be >= 0")
-        if index_budget < 1:
-            raise ValueError("index_budget must be >= 1")
+        if index_budget < 1 or history_capacity < 1:
+            raise ValueError("index_budget and history_capacity must be >= 1")
         self.max_depth = int(max_depth)
         self.window_steps = int(window_steps)
         self.global_capacity = int(global_capacity)
@@ -191,6 +201,8 @@ class SuffixTreeDrafter(Drafter):
         self.min_match_len = int(min_match_len)
         self.min_token_prob = float(min_token_prob)
         self.problem_capacity = int(problem_capacity)
+        self.history_capacity = int(history_capacity)
+        self._history_size = 0  # responses in the problem tries
         self.use_request = bool(use_request)
         self.index_budget = int(index_budget)
         self.last_index_work = 0  # suffixes of queued siblings the last ``propose`` indexed
@@ -287,7 +299,7 @@ class SuffixTreeDrafter(Drafter):
 
     def _index_pending(self, problem_id: str, limit: int | None) -> int:
         """Index up to ``limit`` suffixes (None: all) of the problem's queued responses, oldest first; a
-        response becomes a record (and the capacity is enforced) once whole. Returns the suffixes indexed."""
+        response becomes a record (and the capacities are enforced) once whole. Returns the suffixes indexed."""
         q = self._pending_problem.get(problem_id)
         if not q:
             self._pending_problem.pop(problem_id, None)
@@ -305,11 +317,10 @@ class SuffixTreeDrafter(Drafter):
             ent[3] = stop
             if stop == len(seq):
                 q.popleft()
-                prob.records.append((ent[0], ent[1], seq))
-                while len(prob.records) > self.problem_capacity:
-                    prob.trie.remove(prob.records.popleft()[2])
+                self._keep(prob, ent[0], ent[1], seq)
         if not q:
             del self._pending_problem[problem_id]
+        self._evict()
         return work
 
     def flush(self) -> None:
@@ -323,16 +334,30 @@ class SuffixTreeDrafter(Drafter):
             self._add_response(pid, step, seq, rid, to_problem=False)
 
     def new_step(self, step: int) -> None:
+        """A new RL step: the responses finished from now on are stamped ``step`` (a problem's visit)."""
         self.flush()
         self._step = int(step)
-        horizon = self._step - self.window_steps
-        for pid in list(self._problems):
-            prob = self._problems[pid]
-            while prob.records and prob.records[0][1] <= horizon:
-                _, _, seq = prob.records.popleft()
-                prob.trie.remove(seq)
-            if not prob.records:
-                del self._problems[pid]
+
+    def _keep(self, prob: _Problem, rid: int, step: int, seq: list[int]) -> None:
+        """Record a response indexed into ``prob``'s trie; enforce the problem's window and capacity."""
+        prob.records.append((rid, step, seq))
+        self._history_size += 1
+        recs = prob.records
+        while len(recs) > self.problem_capacity or len({r[1] for r in recs}) > self.window_steps:
+            prob.trie.remove(recs.popleft()[2])
+            self._history_size -= 1
+
+    def _evict(self) -> None:
+        """Drop whole problems, the one whose newest response is the oldest first, while the problem source
+        holds more than ``history_capacity`` responses."""
+        while self._history_size > self.history_capacity:
+            old = min(
+                (p for p, v in self._problems.items() if v.records),
+                key=lambda p: self._problems[p].records[-1][0],
+            )
+            self._history_size -= len(self._problems.pop(old).records)
+            for ent in self._pending_problem.get(old, ()):
+                ent[3] = 0  # a response it was indexing starts over in the problem's next trie
 
     def _add_response(
         self,
@@ -352,9 +377,7 @@ class SuffixTreeDrafter(Drafter):
             if prob is None:
                 prob = self._problems[problem_id] = _Problem(self.max_depth)
             prob.trie.insert(seq)
-            prob.records.append((rid, step, seq))
-            while len(prob.records) > self.problem_capacity:
-                prob.trie.remove(prob.records.popleft()[2])
+            self._keep(prob, rid, step, seq)
         if to_global and self.global_capacity > 0:
             self._global.insert(seq)
             self._global_records.append((rid, problem_id, step, seq))
@@ -528,18 +551,7 @@ class SuffixTreeDrafter(Drafter):
                 records[rid] = [rid, pid, step, list(seq), False, True]
         return {
             "format": _STATE_FORMAT,
-            "config": {
-                "max_depth": self.max_depth,
-                "window_steps": self.window_steps,
-                "global_capacity": self.global_capacity,
-                "alpha": self.alpha,
-                "beta": self.beta,
-                "min_match_len": self.min_match_len,
-                "min_token_prob": self.min_token_prob,
-                "problem_capacity": self.problem_capacity,
-                "use_request": self.use_request,
-                "index_budget": self.index_budget,
-            },
+            "config": {k: getattr(self, k) for k in _CONFIG_KEYS},
             "step": self._step,
             "next_id": self._next_id,
             "responses": [tuple(records[k]) for k in sorted(records)],
@@ -557,6 +569,7 @@ class SuffixTreeDrafter(Drafter):
         self._next_id = 0
         self._requests = {}
         self._problems = {}
+        self._history_size = 0
         self._global = SuffixTrie(self.max_depth)
         self._global_records = deque()
         self._pending_problem = {}
@@ -565,7 +578,7 @@ class SuffixTreeDrafter(Drafter):
             seq = [int(t) for t in seq]
             self._add_response(pid, int(step), seq, int(rid), bool(in_problem), bool(in_global))
         self._next_id = max(self._next_id, int(state.get("next_id", 0)))
-        self.new_step(self._step)
+        self._evict()
         for rid, (pid, num_prompt, seq) in state["requests"].items():
             # built at its next ``propose``, like a started request
             self._requests[rid] = _Request(pid, int(num_prompt), self.max_depth, [int(t) for t in seq])
