@@ -53,6 +53,8 @@ class DataConfig:
     train_file: str = "train.jsonl"
     test_file: str = "test.jsonl"
     shuffle: bool = True
+    # the first N problems of train_file (null: all); RL then runs epochs over a fixed prompt set
+    train_problems: int | None = None
 
 
 @dataclass
@@ -317,6 +319,11 @@ def _validate(cfg: Config) -> None:
         )
     t, sp = cfg.trainer, cfg.spot
     checks = [
+        (
+            "data.train_problems",
+            cfg.data.train_problems is None or cfg.data.train_problems >= 1,
+            "must be >= 1",
+        ),
         ("trainer.steps", cfg.trainer.steps >= 1, "must be >= 1"),
         ("trainer.prompts_per_step", cfg.trainer.prompts_per_step >= 1, "must be >= 1"),
         ("trainer.group_size", cfg.trainer.group_size >= 2, "must be >= 2 (group-normalized advantages)"),

@@ -161,9 +161,10 @@ def data_dir(cfg: Config) -> Path:
 
 
 def load_data(cfg: Config) -> list[GSM8KExample]:
-    """The training examples (``data.train_file`` in ``data_dir``); PreflightError when there are none."""
+    """The training examples (``data.train_file`` in ``data_dir``, its first ``data.train_problems`` when set);
+    PreflightError when there are none."""
     d = data_dir(cfg)
     data = load_gsm8k(d / cfg.data.train_file)
     if not data:
         raise PreflightError(f"{d / cfg.data.train_file}: the dataset holds no examples")
-    return data
+    return data[: cfg.data.train_problems]

@@ -1,8 +1,10 @@
-"""Config loading: YAML 1.1's bare off / on words reach ``str`` fields as the words, not as 'False' / 'True'."""
+"""Config loading: YAML 1.1's bare off / on words reach ``str`` fields as the words, not as 'False' / 'True';
+defaults and range checks of single keys."""
 
 import pytest
 
 from services.common.config import ConfigError, load_config
+from services.pipeline.preflight import load_data
 
 
 def test_off_override_reaches_a_string_field_as_the_word():
@@ -28,3 +30,12 @@ def test_trainer_threads_defaults_to_all_cores_and_rejects_a_negative_count():
     assert load_config(None, ["trainer.threads=3"]).trainer.threads == 3
     with pytest.raises(ConfigError, match="trainer.threads"):
         load_config(None, ["trainer.threads=-1"])
+
+
+def test_data_train_problems_keeps_the_first_problems_of_the_train_file():
+    cfg = load_config(None, ["task.name=running_total"])
+    every = load_data(cfg)
+    first = load_data(load_config(None, ["task.name=running_total", "data.train_problems=48"]))
+    assert len(every) > 48 and first == every[:48]
+    with pytest.raises(ConfigError, match="data.train_problems"):
+        load_config(None, ["data.train_problems=0"])
