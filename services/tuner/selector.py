@@ -10,9 +10,10 @@ plays (docs/tuner.md, "The selector", gives the reasons):
    that drafter's shorter chains (``prefix_chains``): the chain of k nodes would have committed
    ``sum(min(accepted, k) + 1)`` tokens (``StepObservation.accepted_lengths``), in the step's seconds times
    the two arms' ratio of mean step seconds in the table; those chains are never explored while it plays;
-1. while the bucket's *regret budget* has room (exploration's extra time over the best,
-   ``sum(max(0, seconds - tokens / R_best))``, at most ``regret_budget`` of the bucket's time under this
-   table): a ``probe`` arm (rotated by the seed), else the ``explore`` arm with the highest ``R + z * se``;
+1. when the bucket's *regret budget* can pay for the step (exploration's extra time over the best,
+   ``sum(max(0, seconds - tokens / R_best))``, plus the step's expected extra (``_extra``), at most
+   ``regret_budget`` of the bucket's time under this table): a ``probe`` arm (rotated by the seed), else the
+   ``explore`` arm with the highest ``R + z * se``;
 2. else the best. Each drafting request's draft length is capped by the length-aware budgets (``budgets.py``).
 
 *Lease*: when the best is off and nothing may be explored, the engine plays the bucket's next steps plain
@@ -175,12 +176,32 @@ class StrategySelector:
         return estimate_from_sums(w[0], w[1:], self.min_samples) if w is not None else None
 
     def _pick(self, i: int, acc: _Account) -> tuple[Arm, bool, float | None]:
-        best, cands, rate = self._plan(i)
-        if not rate or acc.spent >= self.regret_budget * acc.time or not cands:
+        """The arm of bucket ``i``'s next step, whether it explores, and the best's throughput (module docstring)."""
+        best, cand, rate = self._next(i)
+        # explore only a step the budget can pay for, and only after a step of the best in this table
+        afford = cand is not None and rate and acc.step > 0
+        if not afford or acc.spent + self._extra(i, cand, rate, acc) > self.regret_budget * acc.time:
             return self._arms[best], False, rate
-        # probes rotated by the seed (actors probe different arms first); explorations by upper bound
-        j = self.seed % len(cands) if cands[0] in self._rows[i]["probe"] else 0
-        return self._arms[cands[j]], True, rate
+        return self._arms[cand], True, rate
+
+    def _next(self, i: int) -> tuple[str, str | None, float | None]:
+        """Bucket ``i``'s best, the candidate to explore next (None: none) and the best's throughput (None: no
+        estimate yet, and nothing is explored): probes rotated by the seed (actors probe different arms
+        first), explorations by upper bound."""
+        best, cands, rate = self._plan(i)
+        if not cands:
+            return best, None, rate
+        return best, cands[self.seed % len(cands) if cands[0] in self._rows[i]["probe"] else 0], rate
+
+    def _extra(self, i: int, name: str, rate: float, acc: _Account) -> float:
+        """A step of arm ``name``'s expected seconds beyond the best's for the same tokens, ``s * (1 - R /
+        R_best)`` from its mean step seconds ``s`` and throughput ``R`` (this selector's window, else the
+        table's); for an arm without any: one step of the best's (``acc.step``)."""
+        w = self._own.get(i, {}).get(name)
+        sums = w.sums() if w is not None and len(w) else self._rows[i].get("windows", {}).get(name)
+        if not sums or sums[0] <= 0 or sums[2] <= 0:
+            return acc.step
+        return max(0.0, sums[2] / sums[0] - sums[1] / sums[0] / rate)
 
     def choose(self, requests: list[DraftRequest]) -> list[Strategy]:
         """One ``Strategy`` per request for this step (module docstring)."""
@@ -254,16 +275,17 @@ class StrategySelector:
             w.append(float(tokens), float(seconds))
 
     def _grant(self, i: int, acc: _Account) -> None:
-        """Lease the bucket's next steps when nothing may be explored there before they are played."""
+        """Lease the bucket's next steps when nothing may be explored there before they are played: as many as
+        the budget needs to afford the next exploration (``lease_steps`` when there is none)."""
         row, budget = self._rows[i], self.regret_budget
-        if self._plan(i)[1]:
-            if budget <= 0:
-                q = self.lease_steps
-            else:
-                q = math.ceil((acc.spent - budget * acc.time) / (budget * acc.step))
-        else:
+        _, cand, rate = self._next(i)
+        if cand is None or budget <= 0:
             q = self.lease_steps
-        q = min(q, self.lease_steps)
+        elif not rate:
+            return  # the best needs its estimate before anything is explored: no lease
+        else:
+            owed = acc.spent + self._extra(i, cand, rate, acc) - budget * acc.time
+            q = min(self.lease_steps, math.ceil(owed / (budget * acc.step)))
         if q < 1:
             return
         hi = row["hi"]
