@@ -2,8 +2,10 @@
 seed and prompts, over several steps; step-time breakdown (rollout, reward, policy update, weight sync, drafter
 training in bubbles) and the end-to-end speedup (ratio of total step time).
 
-    python -m benchmarks.rl_step_e2e [--steps 4] [--pairs 2] [--warm-tuner-steps 4] [--out benchmarks/results]
-        [dotted.key=value ...]
+    python -m benchmarks.rl_step_e2e [--steps 4] [--pairs 2] [--warm-tuner-steps 4] [--config FILE]
+        [--out benchmarks/results] [dotted.key=value ...]
+
+The runs train ``--config`` (default: ``make run``'s, ``configs/running_total_tiny.yaml``).
 
 Systems: speculation off; ``adaptive`` (tuner + drafters + bubble training, a cold tuner); ``adaptive_warm``
 (the same, its tuner started from the state an unmeasured ``--warm-tuner-steps``-step run on other prompts
@@ -31,6 +33,7 @@ from benchmarks.machine import describe_machine
 from benchmarks.runs import train_rows
 
 WARMUP_SEED = 1  # the tuner warm-up run's seed (the measured runs use the config's, 0)
+MAKE_RUN_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "running_total_tiny.yaml"
 PHASES = (
     "rollout_seconds",
     "reward_seconds",
@@ -40,9 +43,9 @@ PHASES = (
 )
 
 
-def _run(run_dir: Path, steps: int, extra: list[str]) -> dict:
+def _run(run_dir: Path, steps: int, extra: list[str], config: Path) -> dict:
     load = os.getloadavg()
-    rows = train_rows(run_dir, steps, extra)
+    rows = train_rows(run_dir, steps, extra, config)
     return {
         "load_avg_at_start": load,
         "steps": [{k: r.get(k) for k in ("step", "step_seconds", *PHASES, "tokens_generated")} for r in rows],
@@ -137,6 +140,7 @@ def main(argv=None) -> None:
         default=4,
         help="steps of the unmeasured run whose tuner state the adaptive-warm runs start from (0: no such system)",
     )
+    ap.add_argument("--config", type=Path, default=MAKE_RUN_CONFIG, help="run config (default: make run's)")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args(argv)
@@ -157,7 +161,7 @@ def main(argv=None) -> None:
             # another seed (other prompts): only the arms' costs on this model and machine carry over
             warm_dir = Path(tmp) / "tuner-warmup"
             print(f"tuner warm-up run: {a.warm_tuner_steps} steps, run.seed={WARMUP_SEED}", flush=True)
-            _run(warm_dir, a.warm_tuner_steps, [f"run.seed={WARMUP_SEED}", *a.overrides])
+            _run(warm_dir, a.warm_tuner_steps, [f"run.seed={WARMUP_SEED}", *a.overrides], a.config)
             state = warm_dir / "checkpoints" / "tuner_state.json"
             if not state.is_file():
                 raise SystemExit(f"the tuner warm-up run left no tuner state at {state}")
@@ -167,13 +171,14 @@ def main(argv=None) -> None:
             runs = {}
             for name in run_order(i, systems):
                 print(f"round {i + 1}/{a.pairs}: {name}", flush=True)
-                runs[name] = _run(Path(tmp) / f"{name}-{i}", a.steps, [*extra[name], *a.overrides])
+                runs[name] = _run(Path(tmp) / f"{name}-{i}", a.steps, [*extra[name], *a.overrides], a.config)
             pairs.append(runs)
     full = _mean_runs([p["adaptive"] for p in pairs])
     off = _mean_runs([p["off"] for p in pairs])
     speedup, rollout_speedup = _speedups(off, full)
     res = {
         "machine": describe_machine(),
+        "config": str(a.config),
         "steps": a.steps,
         "pairs": a.pairs,
         "adaptive": full,

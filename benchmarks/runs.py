@@ -8,12 +8,14 @@ from pathlib import Path
 from services.pipeline.cli import main as tailspec
 
 
-def train_rows(run_dir: Path, steps: int, overrides: list[str]) -> list[dict]:
-    """Run the main job (default config, ``trainer.steps=steps``, no replayed-speedup sample) into ``run_dir``.
+def train_rows(run_dir: Path, steps: int, overrides: list[str], config: Path | None = None) -> list[dict]:
+    """Run the main job (``config``, else ``tailspec train``'s default; ``trainer.steps=steps``, no
+    replayed-speedup sample) into ``run_dir``.
 
     Raises SystemExit when the run fails. Returns one dict per RL step (metrics.jsonl)."""
     args = [
         "train",
+        *(["--config", str(config)] if config is not None else []),
         "--run-dir",
         str(run_dir),
         f"trainer.steps={steps}",

@@ -69,9 +69,9 @@ def test_main_writes_json_and_png_with_every_system(tmp_path, monkeypatch):
     calls = []
     seconds = {"adaptive": 66.0, "adaptive_warm": 62.0, "off": 60.0}
 
-    def fake_run(run_dir, steps, overrides):
+    def fake_run(run_dir, steps, overrides, config):
         name = run_dir.name.rsplit("-", 1)[0]
-        calls.append((name, steps, list(overrides)))
+        calls.append((name, steps, list(overrides), config))
         if name == "tuner":  # the warm-up run leaves its tuner state behind
             (run_dir / "checkpoints").mkdir(parents=True)
             (run_dir / "checkpoints" / "tuner_state.json").write_text("{}")
@@ -97,6 +97,7 @@ def test_main_writes_json_and_png_with_every_system(tmp_path, monkeypatch):
     assert names == ["tuner", "adaptive", "adaptive_warm", "off", "off", "adaptive_warm", "adaptive"]
     assert calls[0][1] == 2 and "run.seed=1" in calls[0][2]  # the warm-up: its own steps and seed
     assert all(c[1] == 3 and c[2][-1] == "x.y=1" for c in calls[1:])  # user overrides reach every run
+    assert {c[3].name for c in calls} == {"running_total_tiny.yaml"}  # make run's config by default
     d = json.loads((tmp_path / "rl_step_e2e.json").read_text())
     assert round(d["end_to_end_speedup"], 6) == round(60 / 66, 6)
     assert round(d["warm"]["end_to_end_speedup"], 6) == round(60 / 62, 6)
