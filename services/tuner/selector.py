@@ -12,7 +12,7 @@ plays (docs/tuner.md, "The selector", gives the reasons):
    the two arms' ratio of mean step seconds in the table; those chains are never explored while it plays;
 1. when the bucket's *regret budget* can pay for the step (exploration's extra time over the best,
    ``sum(max(0, seconds - tokens / R_best))``, plus the step's expected extra (``_extra``), at most
-   ``regret_budget`` of the bucket's time, over every table this selector played): a ``probe`` arm (rotated by the seed), else the
+   ``regret_budget`` of the bucket's time under this table): a ``probe`` arm (rotated by the seed), else the
    ``explore`` arm with the highest ``R + z * se``;
 2. else the best. Each drafting request's draft length is capped by the length-aware budgets (``budgets.py``).
 
@@ -113,10 +113,8 @@ class StrategySelector:
 
     # ------------------------------------------------------------------ table
     def update_table(self, table: Mapping[str, Any]) -> None:
-        """Install a newer table (ends the lease; own records start afresh, the regret budgets carry over)."""
+        """Install a newer table (ends the lease; own records and regret budgets start afresh)."""
         self._end_lease()
-        if list(table["bucket_edges"]) != getattr(self, "edges", None):
-            self._accounts: dict[int, _Account] = {}  # per bucket, over every table of these buckets
         self.table = table  # the table this selector plays (read-only: install another with update_table)
         self.version = int(table["version"])
         self.regret_budget = float(table.get("regret_budget", 0.0))
@@ -135,6 +133,7 @@ class StrategySelector:
             {n: prefix_chains(self._arms[n], [self._arms[m] for m in names]) for n in names}
             for names in self._playable
         ]
+        self._accounts: dict[int, _Account] = {}  # each table's (rollout's) exploration has its own budget
 
     def _bucket_of(self, n: int) -> int:
         return max(0, bisect.bisect_right(self.edges, n) - 1)
@@ -179,7 +178,7 @@ class StrategySelector:
     def _pick(self, i: int, acc: _Account) -> tuple[Arm, bool, float | None]:
         """The arm of bucket ``i``'s next step, whether it explores, and the best's throughput (module docstring)."""
         best, cand, rate = self._next(i)
-        # explore only a step the budget can pay for, and only after a step of the best
+        # explore only a step the budget can pay for, and only after a step of the best in this table
         afford = cand is not None and rate and acc.step > 0
         if not afford or acc.spent + self._extra(i, cand, rate, acc) > self.regret_budget * acc.time:
             return self._arms[best], False, rate
@@ -197,11 +196,11 @@ class StrategySelector:
     def _extra(self, i: int, name: str, rate: float, acc: _Account) -> float:
         """A step of arm ``name``'s expected seconds beyond the best's for the same tokens, ``s * (1 - R /
         R_best)`` from its mean step seconds ``s`` and throughput ``R`` (this selector's window, else the
-        table's); for an arm without any: two steps of the best's (``acc.step``)."""
+        table's); for an arm without any: one step of the best's (``acc.step``)."""
         w = self._own.get(i, {}).get(name)
         sums = w.sums() if w is not None and len(w) else self._rows[i].get("windows", {}).get(name)
         if not sums or sums[0] <= 0 or sums[2] <= 0:
-            return 2.0 * acc.step  # a drafting step at a large batch on a CPU: ~3x a plain step's time
+            return acc.step
         return max(0.0, sums[2] / sums[0] - sums[1] / sums[0] / rate)
 
     def choose(self, requests: list[DraftRequest]) -> list[Strategy]:

@@ -82,14 +82,13 @@ def test_converges_to_the_faster_arm_at_small_batch_and_to_off_at_large_within_t
     assert all(s.asked for s in eng.log if s.batch_size == 1 and s.arm != "off")
 
 
-def test_short_rollouts_explore_once_their_summed_time_pays_for_a_step():
+def test_a_rollout_too_short_to_pay_for_one_exploration_step_explores_nothing():
     bandit = BucketedBandit(ARMS, BanditConfig(regret_budget=0.01))
     eng = new_engine(bandit)
-    tables = rollouts(bandit, [eng], 40, steps=30, sizes=(64,))  # 1% of one rollout is less than a step
-    explored = [k for k, s in enumerate(eng.log) if s.arm != "off"]
-    assert explored and explored[0] >= 100  # one off step's worth of budget takes 100 steps to save
-    extra, seconds = exploration_regret(eng, tables, bandit, 64, steps=30)
-    assert extra <= 0.01 * seconds + MODEL.mean_step_ms(BY_NAME[X], 64) / 1e3, (extra, seconds)
+    rollouts(bandit, [eng], 10, steps=30, sizes=(64,))  # 1% of a 30-step rollout is less than one step
+    assert {s.arm for s in eng.log} == {"off"}
+    rollouts(bandit, [eng], 2, steps=400, sizes=(64,))  # a long one pays for its probes
+    assert {X, Y} <= {s.arm for s in eng.log}
 
 
 def test_a_slower_arm_is_banned_and_reprobed_with_exponential_back_off():
