@@ -176,7 +176,7 @@ class StrategySelector:
         return estimate_from_sums(w[0], w[1:], self.min_samples) if w is not None else None
 
     def _pick(self, i: int, acc: _Account) -> tuple[Arm, bool, float | None]:
-        """The arm of bucket ``i``'s next step, whether it explores, and the best's throughput (module docstring)."""
+        """Bucket ``i``'s next arm, whether it explores, and the best's throughput (module docstring)."""
         best, cand, rate = self._next(i)
         # explore only a step the budget can pay for, and only after a step of the best in this table
         afford = cand is not None and rate and acc.step > 0
