@@ -18,7 +18,9 @@ def _scrape(url: str) -> dict[tuple, float]:
 
 
 def test_live_endpoint_matches_metrics_jsonl(train_tiny):
-    run = train_tiny("metrics.port=0")
+    # a regret budget that pays for exploring from the second step: this short run drafts, so the acceptance
+    # histograms below have observations
+    run = train_tiny("metrics.port=0", "tuner.bandit.regret_budget=1.0")
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((run / "summary.json").read_text())
     m = _scrape(summary["metrics_endpoint"])
