@@ -84,7 +84,6 @@ from services.rollout_actor.speculative.verify import verify_tree
 from services.rollout_actor.verify_step import (
     VerifyBatch,
     build_verify_batch,
-    chain_accepted,
     fit_drafts,
     point_masses,
     propose_drafts,
@@ -384,11 +383,7 @@ class Engine(AdmissionMixin):
         )
         if lease is None:
             selector = self._selector
-            drafts = tuple(len(d) for d in batch.drafts)
-            chains = tuple(chain_accepted(d, p) for d, p in zip(batch.drafts, paths))
-            selector.observe(
-                StepObservation(b, arm, committed, drafted, accepted, seconds, captured, drafts, chains)
-            )
+            selector.observe(StepObservation(b, arm, committed, drafted, accepted, seconds, captured))
             self._lease = getattr(selector, "lease", None)
         return finished
 

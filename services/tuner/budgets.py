@@ -2,30 +2,28 @@
 
 In RL rollouts the same problems come back step after step, and a problem's past response lengths predict its
 next ones. The long responses decide the rollout's makespan, so they get the largest draft budgets and are
-served first when a step's draft tokens run short (the rule: ``LengthHistory.classify``,
-``LengthBudgets.allocate``). Configuration errors raise ``TunerConfigError`` naming the key; bad requests
-raise ``ValueError``.
+served first when a step's draft tokens run short (``LengthHistory.classify``, ``LengthBudgets.allocate``).
+Configuration errors raise ``TunerConfigError`` naming the key; bad requests raise ``ValueError``.
 """
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from services.tuner.settings import Settings, TunerConfigError, check_int, check_number
 
 CLASSES = ("long", "medium", "short")
-_RANK = {c: i for i, c in enumerate(CLASSES)}
 
 
 @dataclass
 class BudgetConfig(Settings):
     """Config section ``tuner.budgets``: per-class draft budgets (tokens per request per step), the per-step
-    quota (draft tokens over all requests), and how problems are classified (``LengthHistory``). Raises
-    ``TunerConfigError`` naming the key of a bad value."""
+    quota (draft tokens over all requests), and how problems are classified (``LengthHistory``)."""
 
     SECTION = "budgets"
     long: int = 32
@@ -43,14 +41,10 @@ class BudgetConfig(Settings):
 
     def validate(self, source: str = "config") -> None:
         p = f"{source}: tuner.budgets"
-        for key in ("long", "medium", "short"):
-            check_int(getattr(self, key), f"{p}.{key} (draft budget of {key} requests)", 1)
-        check_int(self.step_quota, f"{p}.step_quota (draft tokens per step)", 1)
-        for key in ("history", "min_problems", "max_problems"):
+        for key in ("long", "medium", "short", "step_quota", "history", "min_problems", "max_problems"):
             check_int(getattr(self, key), f"{p}.{key}", 1)
-        check_number(self.max_weight, f"{p}.max_weight", 0, 1)
-        for key in ("long_quantile", "short_quantile"):
-            check_number(getattr(self, key), f"{p}.{key}", 0, 1, open_=True)
+        for key, open_ in (("max_weight", False), ("long_quantile", True), ("short_quantile", True)):
+            check_number(getattr(self, key), f"{p}.{key}", 0, 1, open_=open_)
         for key in ("long_threshold", "short_threshold"):
             if getattr(self, key) is not None:
                 check_int(getattr(self, key), f"{p}.{key} (tokens)", 1)
@@ -58,17 +52,6 @@ class BudgetConfig(Settings):
             a, b = getattr(self, lo), getattr(self, hi)
             if a is not None and b is not None and a >= b:
                 raise TunerConfigError(f"{p}: {lo} ({a}) must be below {hi} ({b})")
-
-    def budget(self, cls: str) -> int:
-        return {"long": self.long, "medium": self.medium, "short": self.short}[cls]
-
-
-def _quantile(sorted_xs: Sequence[float], q: float) -> float:
-    n = len(sorted_xs)
-    pos = q * (n - 1)
-    lo = int(math.floor(pos))
-    hi = min(lo + 1, n - 1)
-    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
 
 
 class LengthHistory:
@@ -81,17 +64,15 @@ class LengthHistory:
         self._thresholds: tuple[float | None, float | None] | None = None  # cache, None = stale
 
     def record(self, problem_id: str, length: int) -> None:
-        """A response to ``problem_id`` finished with ``length`` generated tokens."""
+        """A response to ``problem_id`` finished with ``length`` generated tokens (``ValueError`` if negative)."""
         if isinstance(length, bool) or not isinstance(length, int) or length < 0:
             raise ValueError(f"length must be a non-negative integer, got {length!r}")
-        q = self._lengths.get(problem_id)
-        if q is None:
-            q = self._lengths[problem_id] = deque(maxlen=self.cfg.history)
+        if problem_id not in self._lengths:
+            self._lengths[problem_id] = deque(maxlen=self.cfg.history)
             while len(self._lengths) > self.cfg.max_problems:
                 self._lengths.popitem(last=False)  # forget the problem seen longest ago
-        else:
-            self._lengths.move_to_end(problem_id)
-        q.append(length)
+        self._lengths.move_to_end(problem_id)
+        self._lengths[problem_id].append(length)
         self._thresholds = None
 
     def record_many(self, items: Iterable[tuple[str, int]]) -> None:
@@ -100,25 +81,21 @@ class LengthHistory:
 
     def predicted(self, problem_id: str) -> float | None:
         """``(1 - max_weight) * mean + max_weight * max`` of the problem's recent lengths; None if unknown."""
-        q = self._lengths.get(problem_id)
-        if not q:
-            return None
-        w = self.cfg.max_weight
-        return (1.0 - w) * (sum(q) / len(q)) + w * max(q)
+        q, w = self._lengths.get(problem_id), self.cfg.max_weight
+        return (1.0 - w) * (sum(q) / len(q)) + w * max(q) if q else None
 
     def thresholds(self) -> tuple[float | None, float | None]:
         """``(long_threshold, short_threshold)`` in tokens: the configured ones, else the ``long_quantile`` /
-        ``short_quantile`` of the known problems' predicted lengths once ``min_problems`` are known; a None side
-        means that class is not assigned."""
+        ``short_quantile`` (linear interpolation) of the known problems' predicted lengths once ``min_problems``
+        are known; a None side means that class is not assigned."""
         if self._thresholds is None:
-            long_t: float | None = self.cfg.long_threshold
-            short_t: float | None = self.cfg.short_threshold
-            if (long_t is None or short_t is None) and len(self._lengths) >= self.cfg.min_problems:
-                preds = sorted(self.predicted(p) for p in self._lengths)  # type: ignore[type-var]
-                if long_t is None:
-                    long_t = _quantile(preds, self.cfg.long_quantile)
-                if short_t is None:
-                    short_t = _quantile(preds, self.cfg.short_quantile)
+            cfg = self.cfg
+            long_t, short_t = cfg.long_threshold, cfg.short_threshold
+            if (long_t is None or short_t is None) and len(self._lengths) >= cfg.min_problems:
+                preds = [self.predicted(p) for p in self._lengths]
+                q_long, q_short = np.quantile(preds, [cfg.long_quantile, cfg.short_quantile]).tolist()
+                long_t = q_long if long_t is None else long_t
+                short_t = q_short if short_t is None else short_t
                 if long_t <= short_t:  # all problems equally long: nobody is long or short
                     long_t = short_t = None
             self._thresholds = (long_t, short_t)
@@ -129,16 +106,10 @@ class LengthHistory:
         ``short`` when the predicted length is at or below the short one, else ``medium`` (an unknown problem
         too)."""
         long_t, short_t = self.thresholds()
-        if long_t is not None and generated >= long_t:
-            return "long"
         pred = self.predicted(problem_id)
-        if pred is None:
-            return "medium"
-        if long_t is not None and pred >= long_t:
+        if long_t is not None and (generated >= long_t or (pred is not None and pred >= long_t)):
             return "long"
-        if short_t is not None and pred <= short_t:
-            return "short"
-        return "medium"
+        return "short" if pred is not None and short_t is not None and pred <= short_t else "medium"
 
 
 class LengthBudgets:
@@ -159,12 +130,10 @@ class LengthBudgets:
         long requests first, then medium, then short; within a class the longest predicted first, then input
         order; the request where it runs out gets the rest, later ones 0. Raises ``ValueError`` for a malformed
         or duplicate request or a negative quota."""
-        if quota is None:
-            quota = self.cfg.step_quota
+        quota = self.cfg.step_quota if quota is None else quota
         if isinstance(quota, bool) or not isinstance(quota, int) or quota < 0:
             raise ValueError(f"quota must be a non-negative integer, got {quota!r}")
-        rows = []
-        seen: set[str] = set()
+        rows, seen = [], set()
         for i, req in enumerate(requests):
             if len(req) not in (3, 4):
                 raise ValueError(
@@ -176,20 +145,15 @@ class LengthBudgets:
                 raise ValueError(f"requests[{i}]: duplicate request_id {rid!r}")
             seen.add(rid)
             cls = self.history.classify(pid, generated)
-            cap = self.cfg.budget(cls)
-            if want is None:
-                want = cap
-            elif isinstance(want, bool) or not isinstance(want, int) or want < 0:
+            cap = getattr(self.cfg, cls)
+            if want is not None and (isinstance(want, bool) or not isinstance(want, int) or want < 0):
                 raise ValueError(
                     f"requests[{i}]: requested_budget must be an integer >= 0 or None, got {want!r}"
                 )
-            pred = self.history.predicted(pid)
-            rows.append((_RANK[cls], -max(pred or 0.0, float(generated)), i, rid, min(want, cap)))
-        rows.sort()
-        out: dict[str, int] = {}
-        left = quota
-        for _, _, _, rid, want in rows:
-            give = min(want, left)
-            out[rid] = give
-            left -= give
+            pred = max(self.history.predicted(pid) or 0.0, float(generated))
+            rows.append((CLASSES.index(cls), -pred, i, rid, cap if want is None else min(want, cap)))
+        out, left = {}, quota
+        for *_, rid, want in sorted(rows):
+            out[rid] = min(want, left)
+            left -= out[rid]
         return {req[0]: out[req[0]] for req in requests}

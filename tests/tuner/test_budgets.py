@@ -117,11 +117,11 @@ def test_allocate_rejects_bad_requests():
 @pytest.mark.parametrize(
     "kwargs, fragment",
     [
-        ({"long": 0}, "tuner.budgets.long (draft budget of long requests): must be an integer >= 1, got 0"),
+        ({"long": 0}, "tuner.budgets.long: must be an integer >= 1, got 0"),
         ({"medium": -8}, "tuner.budgets.medium"),
         ({"short": 2.5}, "tuner.budgets.short"),
         ({"short": True}, "tuner.budgets.short"),
-        ({"step_quota": 0}, "tuner.budgets.step_quota (draft tokens per step): must be an integer >= 1"),
+        ({"step_quota": 0}, "tuner.budgets.step_quota: must be an integer >= 1"),
         ({"history": 0}, "tuner.budgets.history"),
         ({"max_weight": 1.5}, "max_weight"),
         ({"long_quantile": 1.0}, "long_quantile"),

@@ -175,29 +175,3 @@ def test_within_a_rollout_the_selector_leaves_a_stale_best_for_the_arm_its_own_s
     late = eng.log[-200:]
     assert sum(s.arm == z_arm for s in late) >= 0.9 * len(late), [s.arm for s in late[:20]]
     assert eng.log[0].arm == X  # it starts from the table's best
-
-
-def test_a_chains_steps_judge_the_shorter_chains_of_its_drafter_without_playing_them():
-    # the table (an earlier rollout) says k8 is fastest: 3 tokens in 20 ms against k4's 1.2 in 10 ms. In this
-    # rollout no draft is accepted past its 2nd node, so k4 commits what k8 does in its cheaper steps
-    k4, k8 = "suffix-k4-w1", "suffix-k8-w1"
-    bandit = BucketedBandit(parse_arms(["off", k4, k8]), BanditConfig(regret_budget=0.0))
-    for _ in range(8):
-        bandit.observe(1, "off", 1, 0.010)
-        bandit.observe(1, k4, 1.2, 0.010)
-        bandit.observe(1, k8, 3, 0.020)
-    table = bandit.table()
-    assert table["buckets"][0]["best"] == k8
-    sel = StrategySelector(table, clock="engine")
-    played = []
-    for _ in range(40):
-        s = sel.choose(_requests(1))[0]
-        k = s.max_draft_tokens
-        played.append(k)
-        seconds = 0.020 if k == 8 else 0.010  # the arms' step costs, as in the table
-        sel.observe(StepObservation(1, s.name, 3, k, 2, seconds, draft_lengths=(k,), accepted_lengths=(2,)))
-    assert played[0] == 8 and 4 in played and played[-10:] == [4] * 10  # switched; nothing was explored
-    assert set(played[played.index(4) :]) == {4}  # once the best, it stays
-    # no counterfactual record reaches the tuner: its records are the steps played
-    obs = sel.drain_observations()
-    assert sum(o["steps"] for o in obs) == 40 and {o["arm"] for o in obs} == {k4, k8}
