@@ -30,7 +30,7 @@ from typing import Any
 from services.rollout_actor.speculative.base import DraftRequest
 from services.rollout_actor.speculative.strategy import OFF, Lease, StepObservation, Strategy
 from services.tuner.arms import Arm, TunerConfigError
-from services.tuner.bandit import BanditConfig, RateWindow, faster
+from services.tuner.bandit import BanditConfig, RateWindow, estimate_from_sums, faster
 from services.tuner.budgets import BudgetConfig, LengthBudgets
 
 CLOCKS = ("auto", "thread", "engine")
@@ -140,20 +140,20 @@ class StrategySelector:
     def _extra(self, i: int, name: str, rate: float, acc: _Account) -> float:
         """A step of arm ``name``'s expected seconds beyond the best's for the same tokens: ``s * (1 - R /
         R_best)`` from its mean step seconds ``s`` and throughput ``R`` here (this selector's window, else the
-        table's); for an arm without either, one step of the best's (``acc.step``) times ``1 - r``, ``r`` the
-        arm's throughput over the best's in the nearest bucket where the table has both (0 where none has)."""
+        table's). An arm without either costs nothing when it is reliably faster than this bucket's best in the
+        nearest bucket where the table has both, else one step of the best's (``acc.step``)."""
         w = self._own.get(i, {}).get(name)
-        sums = w.sums() if w is not None and len(w) else self._rows[i].get("windows", {}).get(name)
+        rows = self._rows
+        sums = w.sums() if w is not None and len(w) else rows[i].get("windows", {}).get(name)
         if sums and sums[0] > 0 and sums[2] > 0:
             return max(0.0, sums[2] / sums[0] - sums[1] / sums[0] / rate)
-        best, ratio = self._rows[i]["best"], 0.0
-        for j in sorted(range(len(self._rows)), key=lambda j: (abs(j - i), j))[1:]:
-            win = self._rows[j].get("windows", {})
-            a, b = win.get(name), win.get(best)
-            if a and b and a[2] > 0 and b[1] > 0:
-                ratio = (a[1] / a[2]) / (b[1] / b[2])
-                break
-        return acc.step * (1.0 - min(1.0, ratio))
+        for j in sorted(range(len(rows)), key=lambda j: (abs(j - i), j))[1:]:
+            win = rows[j].get("windows", {})
+            a, b = win.get(name), win.get(rows[i]["best"])
+            if a and b:  # both have estimates there (the table publishes no others)
+                ea, eb = (estimate_from_sums(x[0], x[1:], self.min_samples) for x in (a, b))
+                return 0.0 if ea and eb and faster(ea, eb, self.z) else acc.step
+        return acc.step
 
     def choose(self, requests: list[DraftRequest]) -> list[Strategy]:
         """One ``Strategy`` per request for this step (module docstring)."""

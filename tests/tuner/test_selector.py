@@ -175,3 +175,30 @@ def test_within_a_rollout_the_selector_leaves_a_stale_best_for_the_arm_its_own_s
     late = eng.log[-200:]
     assert sum(s.arm == z_arm for s in late) >= 0.9 * len(late), [s.arm for s in late[:20]]
     assert eng.log[0].arm == X  # it starts from the table's best
+
+
+def test_an_arm_that_pays_in_the_neighbouring_bucket_is_probed_at_once_and_one_without_evidence_is_not():
+    x = "suffix-k4-w1"
+
+    def steps_at_64(bandit, n=30):
+        sel = StrategySelector(bandit.table(), clock="engine")
+        played = []
+        for _ in range(n):
+            s = sel.choose(_requests(64))[0]
+            played.append(s.name)
+            tokens = 128 if s.name != "off" else 64  # x commits twice as many tokens in the same 50 ms
+            sel.observe(StepObservation(64, s.name, tokens, 64 * s.max_draft_tokens, 64, 0.05))
+        return played
+
+    for evidence in (True, False):
+        bandit = BucketedBandit(parse_arms(["off", x]), BanditConfig(regret_budget=0.01))
+        for _ in range(8):
+            bandit.observe(64, "off", 64, 0.05)
+            if evidence:  # at batch sizes 32-63, x is twice as fast as off
+                bandit.observe(32, "off", 32, 0.02)
+                bandit.observe(32, x, 64, 0.02)
+        played = steps_at_64(bandit)
+        if evidence:
+            assert played[0] == "off" and played[1] == "suffix-k4"  # priced at zero extra time: probed after one step
+        else:
+            assert set(played) == {"off"}  # priced at a whole step: 1% of 30 steps cannot pay for it
