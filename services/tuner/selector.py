@@ -30,7 +30,7 @@ from typing import Any
 from services.rollout_actor.speculative.base import DraftRequest
 from services.rollout_actor.speculative.strategy import OFF, Lease, StepObservation, Strategy
 from services.tuner.arms import Arm, TunerConfigError
-from services.tuner.bandit import BanditConfig, RateWindow, estimate_from_sums, faster
+from services.tuner.bandit import BanditConfig, RateWindow, faster
 from services.tuner.budgets import BudgetConfig, LengthBudgets
 
 CLOCKS = ("auto", "thread", "engine")
@@ -140,7 +140,7 @@ class StrategySelector:
     def _extra(self, i: int, name: str, rate: float, acc: _Account) -> float:
         """A step of arm ``name``'s expected seconds beyond the best's for the same tokens: ``s * (1 - R /
         R_best)`` from its mean step seconds ``s`` and throughput ``R`` here (this selector's window, else the
-        table's). An arm without either costs nothing when it is reliably faster than this bucket's best in the
+        table's). An arm without either costs nothing when its throughput is above this bucket's best's in the
         nearest bucket where the table has both, else one step of the best's (``acc.step``)."""
         w = self._own.get(i, {}).get(name)
         rows = self._rows
@@ -151,8 +151,7 @@ class StrategySelector:
             win = rows[j].get("windows", {})
             a, b = win.get(name), win.get(rows[i]["best"])
             if a and b:  # both have estimates there (the table publishes no others)
-                ea, eb = (estimate_from_sums(x[0], x[1:], self.min_samples) for x in (a, b))
-                return 0.0 if ea and eb and faster(ea, eb, self.z) else acc.step
+                return 0.0 if a[1] / a[2] > b[1] / b[2] else acc.step
         return acc.step
 
     def choose(self, requests: list[DraftRequest]) -> list[Strategy]:
