@@ -140,8 +140,9 @@ class StrategySelector:
     def _extra(self, i: int, name: str, rate: float, acc: _Account) -> float:
         """A step of arm ``name``'s expected seconds beyond the best's for the same tokens: ``s * (1 - R /
         R_best)`` from its mean step seconds ``s`` and throughput ``R`` here (this selector's window, else the
-        table's). An arm without either costs nothing when its throughput is above this bucket's best's in the
-        nearest bucket where the table has both, else one step of the best's (``acc.step``)."""
+        table's). For an arm without either, the same from the nearest bucket where the table has both arms,
+        as ratios to the best's: ``acc.step * q * (1 - r)``, ``q`` the ratio of mean step seconds and ``r`` of
+        throughputs there; one step of the best's (``acc.step``) where no bucket has both."""
         w = self._own.get(i, {}).get(name)
         rows = self._rows
         sums = w.sums() if w is not None and len(w) else rows[i].get("windows", {}).get(name)
@@ -150,8 +151,9 @@ class StrategySelector:
         for j in sorted(range(len(rows)), key=lambda j: (abs(j - i), j))[1:]:
             win = rows[j].get("windows", {})
             a, b = win.get(name), win.get(rows[i]["best"])
-            if a and b:  # both have estimates there (the table publishes no others)
-                return 0.0 if a[1] / a[2] > b[1] / b[2] else acc.step
+            if a and b:  # [n, sum tokens, sum seconds, ...] of arms with an estimate there
+                q, r = (a[2] / a[0]) / (b[2] / b[0]), (a[1] / a[2]) / (b[1] / b[2])
+                return acc.step * q * max(0.0, 1.0 - r)
         return acc.step
 
     def choose(self, requests: list[DraftRequest]) -> list[Strategy]:
