@@ -84,6 +84,7 @@ from services.rollout_actor.speculative.verify import verify_tree
 from services.rollout_actor.verify_step import (
     VerifyBatch,
     build_verify_batch,
+    chain_accepted,
     fit_drafts,
     point_masses,
     propose_drafts,
@@ -383,7 +384,11 @@ class Engine(AdmissionMixin):
         )
         if lease is None:
             selector = self._selector
-            selector.observe(StepObservation(b, arm, committed, drafted, accepted, seconds, captured))
+            drafts = tuple(len(d) for d in batch.drafts)
+            chains = tuple(chain_accepted(d, p) for d, p in zip(batch.drafts, paths))
+            selector.observe(
+                StepObservation(b, arm, committed, drafted, accepted, seconds, captured, drafts, chains)
+            )
             self._lease = getattr(selector, "lease", None)
         return finished
 

@@ -5,7 +5,8 @@ row 0 of request b is its root (the last sampled token, not yet in the KV cache)
 nodes in tree order, the rest padding (token 0, causal). Trees get per-row rotary positions (a node's depth)
 and an ancestor attention mask; chains and padding need neither (causal order is their tree order).
 ``fit_drafts`` cuts drafts so that no row writes past its KV-cache slot. ``point_masses`` writes the trace
-replay targets; ``record_spec`` counts a verified draft in a request's ``SpecCounters``.
+replay targets; ``record_spec`` counts a verified draft in a request's ``SpecCounters``; ``chain_accepted``
+says what a draft's first-child chain had accepted (the tuner's counterfactual records).
 """
 
 from __future__ import annotations
@@ -106,6 +107,23 @@ def point_masses(probs: torch.Tensor, rows: list[int], targets: list[list[int]])
     probs[
         torch.tensor(idx_b, device=dev), torch.tensor(idx_r, device=dev), torch.tensor(idx_t, device=dev)
     ] = 1
+
+
+def chain_accepted(d: DraftTree, path: list[int]) -> int:
+    """How many nodes of ``d``'s first-child chain (from the root, each node's first child: the chain of its
+    most likely tokens) the accepted nodes ``path`` (root to leaf) hold: a chain's accepted count; for a tree,
+    what that chain alone would have had accepted."""
+    if not path or d.is_chain():
+        return len(path)
+    first: dict[int, int] = {}
+    for i, p in enumerate(d.parents):
+        first.setdefault(p, i)
+    node = n = -1
+    for n, x in enumerate(path):
+        if first.get(node) != x:
+            return n
+        node = x
+    return n + 1
 
 
 def record_spec(sp: SpecCounters, d: DraftTree, drafter: str, accepted: int) -> None:

@@ -1,14 +1,20 @@
 """The central tuner's strategy table: one bandit per batch-size bucket, plain decoding (``off``) as baseline.
 
-After TLT's BEG-MAB (arXiv 2511.16665): decode steps are bucketed by their *active batch size*, because the
-best strategy depends on it. A step's reward is its committed tokens per second of draft + verify (measured by
-``selector.py``). Per bucket and arm the estimate is the throughput ``R = sum(tokens) / sum(seconds)`` over the
-arm's last ``window`` steps with its delta-method standard error (``estimate_from_sums``); ``a`` is reliably
-faster than ``b`` when ``R_a - R_b > z * hypot(se_a, se_b)`` (``faster``). A bucket's row in ``table()``:
-``best`` is off unless an arm is reliably faster than off (then the fastest such arm); ``guarded``: arms
-reliably slower than off, the k-th ban lasting ``ban_steps * 2 ** (k - 1)`` bucket steps, then probed afresh;
-``probe``: arms without an estimate; ``explore``: the others. ``BucketedBandit`` merges the actors'
-observations (``merge``) and is checkpointed (``state_dict``, JSON). docs/tuner.md gives the reasons.
+After TLT's BEG-MAB (arXiv 2511.16665, "Taming the Long Tail"): decode steps are bucketed by their *active
+batch size*, because the best strategy depends on it. A step's reward is its committed tokens per second of
+draft + verify (``selector.py`` measures it). Per bucket and arm:
+
+- estimate: throughput ``R = sum(tokens) / sum(seconds)`` over the arm's last ``window`` steps (a drafting
+  arm's within the bucket's last ``horizon`` steps: a sliding-window bandit, Garivier & Moulines 2011), with
+  the delta-method standard error ``se`` (``estimate_from_sums``); none below ``min_samples`` steps;
+- ``a`` is reliably faster than ``b`` when ``R_a - R_b > z * hypot(se_a, se_b)`` (``faster``);
+- the table's row (``table()``): ``best`` is off unless an arm is reliably faster than off (then the fastest
+  such arm); ``guarded``: arms reliably slower than off, the k-th ban lasting ``ban_steps * 2 ** (k - 1)``
+  bucket steps, then probed afresh; ``probe``: arms without an estimate; ``explore``: the others. A bucket
+  without drafting evidence plays the best of the nearest bucket that has some.
+
+docs/tuner.md gives the reasons. ``BucketedBandit`` merges the actors' observations (``merge``), publishes
+``table()`` and is checkpointed with ``state_dict`` / ``load_state_dict`` (JSON-serializable).
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ class BanditConfig(Settings):
     bucket_edges: batch sizes where buckets start (bucket i: ``edges[i] <= b < edges[i + 1]``, the last
     open-ended); window: steps per arm in an estimate; min_samples: steps before an arm has an estimate;
     z: standard errors a difference must clear; regret_budget: exploration's extra time as a fraction of a
-    bucket's time (``selector.py``); ban_steps: bucket steps of a first ban (doubling per strike).
+    bucket's time (``selector.py``); ban_steps: bucket steps of a first ban (doubling per strike); horizon:
+    the bucket steps a drafting arm's estimate looks back.
 
     Raises:
         TunerConfigError: a value out of range (the message names the key).
@@ -47,6 +54,7 @@ class BanditConfig(Settings):
     z: float = 2.0
     regret_budget: float = 0.01
     ban_steps: int = 64
+    horizon: int = 2048
 
     def validate(self, source: str = "config") -> None:
         p = f"{source}: tuner.bandit"
@@ -56,23 +64,23 @@ class BanditConfig(Settings):
         if any(b <= a for a, b in zip(edges, edges[1:])):
             raise TunerConfigError(f"{p}.bucket_edges: must be strictly increasing, got {edges}")
         self.bucket_edges = edges
-        for key, lo in (("window", 2), ("min_samples", 2), ("ban_steps", 1)):
+        for key, lo in (("window", 2), ("min_samples", 2), ("ban_steps", 1), ("horizon", 2)):
             check_int(getattr(self, key), f"{p}.{key}", lo)
         check_number(self.z, f"{p}.z", 0, math.inf)
         check_number(self.regret_budget, f"{p}.regret_budget", 0, 1)
 
 
 class RateWindow:
-    """The last ``size`` (tokens, seconds) records of one arm with running sums, so that ``estimate`` is O(1)
-    (the selector asks it on every decode step)."""
+    """The last ``size`` (tokens, seconds) records of one arm, each stamped with the bucket step it was taken at,
+    with running sums, so that ``estimate`` is O(1) (the selector asks it on every decode step)."""
 
     __slots__ = ("records", "_sums")
 
     def __init__(self, size: int, records: Iterable[Sequence[float]] = ()) -> None:
-        self.records: deque[tuple[float, float]] = deque(maxlen=size)
+        self.records: deque[tuple[float, float, int]] = deque(maxlen=size)
         self._sums = [0.0] * 5  # sum t, s, t*t, t*s, s*s
         for r in records:
-            self.append(float(r[0]), float(r[1]))
+            self.append(float(r[0]), float(r[1]), int(r[2]) if len(r) > 2 else 0)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -81,20 +89,29 @@ class RateWindow:
         for j, x in enumerate((t, s, t * t, t * s, s * s)):
             self._sums[j] += sign * x
 
-    def append(self, tokens: float, seconds: float) -> None:
+    def append(self, tokens: float, seconds: float, at: int = 0) -> None:
         if len(self.records) == self.records.maxlen:
-            self._add(*self.records[0], -1.0)
-        self.records.append((tokens, seconds))
+            self._add(*self.records[0][:2], -1.0)
+        self.records.append((tokens, seconds, at))
         self._add(tokens, seconds, 1.0)
+
+    def expire(self, before: int) -> None:
+        """Drop the records taken before bucket step ``before``."""
+        while self.records and self.records[0][2] < before:
+            self._add(*self.records.popleft()[:2], -1.0)
+
+    def clear(self) -> None:
+        self.records.clear()
+        self._sums = [0.0] * 5
 
     def sums(self) -> list[float]:
         """``[n, sum t, sum s, sum t*t, sum t*s, sum s*s]`` over the records (what ``table()`` publishes)."""
         return [float(len(self.records)), *self._sums]
 
     def estimate(self, min_samples: int, prior: Sequence[float] | None = None) -> tuple[float, float] | None:
-        """(throughput ``R``, standard error) in committed tokens per second, or None with fewer than
-        ``min_samples`` records. ``prior``: another window's ``sums()`` that fills this window's free places,
-        weighted ``(size - len(self)) / n_prior`` (at most 1): a sliding window continued elsewhere."""
+        """(throughput ``R``, standard error) in committed tokens per second (module docstring), or None with
+        fewer than ``min_samples`` records. ``prior``: another window's ``sums()`` that fills this window's free
+        places, weighted ``(size - len(self)) / n_prior`` (at most 1): a sliding window continued elsewhere."""
         n, sums = float(len(self.records)), list(self._sums)
         if prior is not None and prior[0] > 0:
             w = min(1.0, (self.records.maxlen - n) / prior[0])
@@ -122,22 +139,31 @@ class _Arm:
         state = state or {}
         self.window = RateWindow(window, state.get("window", ()))
         self.n = int(state.get("n", 0))  # steps played (a record may carry several)
-        self.explored, self.strikes = int(state.get("explored", 0)), int(state.get("strikes", 0))
+        self.explored = int(state.get("explored", 0))
+        self.strikes = int(state.get("strikes", 0))
         ban_left = int(state.get("ban_left", -1))
         self.banned_until = steps + ban_left if ban_left >= 0 else -1  # the bucket's step when the ban ends
 
     def state(self, steps: int) -> dict[str, Any]:
         ban_left = self.banned_until - steps if self.banned_until >= 0 else -1
         window = [list(x) for x in self.window.records]
-        return dict(window=window, n=self.n, explored=self.explored, strikes=self.strikes, ban_left=ban_left)
+        return {
+            "window": window,
+            "n": self.n,
+            "explored": self.explored,
+            "strikes": self.strikes,
+            "ban_left": ban_left,
+        }
 
     def stats(self) -> dict[str, Any]:
         w = self.window.records
+        ratio = sum(r[0] for r in w) / sum(r[1] for r in w) if w else None
+        median = statistics.median(r[0] / r[1] for r in w) if w else None
         return {
             "n": len(w),
             "total": self.n,
-            "ratio": sum(r[0] for r in w) / sum(r[1] for r in w) if w else None,
-            "median": statistics.median(r[0] / r[1] for r in w) if w else None,
+            "ratio": ratio,
+            "median": median,
             "explored": self.explored,
             "guarded": self.banned_until >= 0,
             "strikes": self.strikes,
@@ -146,7 +172,8 @@ class _Arm:
 
 class _Bucket:
     def __init__(self, arms: Sequence[Arm], window: int) -> None:
-        self.arms, self.steps = {a.name: _Arm(window) for a in arms}, 0
+        self.arms = {a.name: _Arm(window) for a in arms}
+        self.steps = 0
 
 
 def faster(a: tuple[float, float], b: tuple[float, float], z: float) -> bool:
@@ -200,14 +227,18 @@ class BucketedBandit:
             st.n += steps
             st.explored += bool(ob.get("explored"))
             if ob["seconds"] > 0:
-                st.window.append(float(ob["committed_tokens"]), float(ob["seconds"]))
+                st.window.append(float(ob["committed_tokens"]), float(ob["seconds"]), touched[i].steps)
         for bucket in touched.values():
             self._judge(bucket)
         return taken
 
     def _judge(self, bucket: _Bucket) -> None:
-        """Lift expired bans (the arm is probed afresh); ban arms reliably slower than off."""
+        """Forget drafting arms' records older than ``horizon`` bucket steps, lift expired bans (the arm is probed afresh), ban
+        arms reliably slower than off."""
         cfg = self.cfg
+        for name, st in bucket.arms.items():
+            if name != OFF.name:  # plain decoding's cost does not drift with the drafters' history
+                st.window.expire(bucket.steps - cfg.horizon)
         off = bucket.arms[OFF.name].window.estimate(cfg.min_samples)
         for name, st in bucket.arms.items():
             if name == OFF.name:
@@ -215,27 +246,39 @@ class BucketedBandit:
             if st.banned_until >= 0:
                 if bucket.steps >= st.banned_until:
                     st.banned_until = -1
-                    st.window = RateWindow(cfg.window)
+                    st.window.clear()
                 continue
             est = st.window.estimate(cfg.min_samples)
-            if off is not None and est is not None and faster(off, est, cfg.z):
+            if off is None or est is None:
+                continue
+            if faster(off, est, cfg.z):
                 st.strikes += 1
                 st.banned_until = bucket.steps + cfg.ban_steps * 2 ** (st.strikes - 1)
-            elif off is not None and est is not None and faster(est, off, cfg.z):
+            elif faster(est, off, cfg.z):
                 st.strikes = 0
 
-    def _row(self, i: int) -> dict[str, Any]:
-        """Bucket ``i``'s table row (module docstring)."""
+    def _row(self, i: int, borrowed: str | None = None) -> dict[str, Any]:
+        """Bucket ``i``'s table row; ``borrowed``: the best of the nearest bucket with evidence, played while
+        this one has none (``table``)."""
         cfg, bucket = self.cfg, self._buckets[i]
         ests = {
             n: st.window.estimate(cfg.min_samples) for n, st in bucket.arms.items() if st.banned_until < 0
         }
-        off, best = ests.get(OFF.name), OFF.name
-        quicker = [
-            (e[0], n) for n, e in ests.items() if e and off and n != OFF.name and faster(e, off, cfg.z)
-        ]
-        if quicker:
-            best = max(quicker)[1]
+        off = ests.get(OFF.name)
+        best = OFF.name
+        # drafting evidence here: an arm's estimate, or a strike (an arm judged slower than off here before)
+        drafting = any(e is not None for n, e in ests.items() if n != OFF.name) or any(
+            st.strikes for st in bucket.arms.values()
+        )
+        if off is not None and drafting:
+            quicker = [(e[0], n) for n, e in ests.items() if e is not None and faster(e, off, cfg.z)]
+            best = max(quicker)[1] if quicker else OFF.name
+        elif borrowed is not None and borrowed in ests and not drafting:
+            best = borrowed
+        probe = sorted(
+            (n for n, e in ests.items() if e is None and n != best),
+            key=lambda n: (n != OFF.name, len(bucket.arms[n].window)),
+        )
         lo, hi = self.bucket_range(i)
         return {
             "bucket": i,
@@ -243,14 +286,20 @@ class BucketedBandit:
             "hi": hi,
             "best": best,
             "explore": [n for n, e in ests.items() if e is not None and n != best],
-            "probe": sorted(
-                (n for n, e in ests.items() if e is None and n != best),
-                key=lambda n: (n != OFF.name, len(bucket.arms[n].window)),
-            ),
+            "probe": probe,
             "guarded": [n for n, st in bucket.arms.items() if st.banned_until >= 0],
             # the windows' sums of the arms with an estimate (the selectors continue them: selector.py)
             "windows": {n: bucket.arms[n].window.sums() for n, e in ests.items() if e is not None},
         }
+
+    def _rows(self) -> list[dict[str, Any]]:
+        rows = [self._row(i) for i in range(len(self.edges))]
+        known = [i for i, r in enumerate(rows) if set(r["windows"]) - {OFF.name} or r["guarded"]]
+        for i in range(len(rows)):
+            if i not in known and known:
+                j = min(known, key=lambda j: (abs(j - i), j))  # the nearest bucket with drafting evidence
+                rows[i] = self._row(i, rows[j]["best"])
+        return rows
 
     def table(self) -> dict[str, Any]:
         """The strategy table the rollout actors play (JSON-serializable; a new ``version`` each call): per
@@ -262,7 +311,7 @@ class BucketedBandit:
             "version": self.version,
             "bucket_edges": list(self.edges),
             "arms": {a.name: a.to_dict() for a in self.arms},
-            "buckets": [self._row(i) for i in range(len(self.edges))],
+            "buckets": self._rows(),
             "regret_budget": self.cfg.regret_budget,
             "window": self.cfg.window,
             "min_samples": self.cfg.min_samples,
@@ -274,17 +323,20 @@ class BucketedBandit:
         ``explored``, ``exploration_fraction``, and per arm ``n`` (window), ``total`` (steps), ``ratio``
         (throughput, tokens/s), ``median`` (of the window's per-step rewards), ``explored``, ``guarded``,
         ``strikes``; overall ``exploration_fraction`` and ``dropped``."""
-        out = []
+        rows, out = self._rows(), []
         for i, bucket in enumerate(self._buckets):
             arms = {n: st.stats() for n, st in bucket.arms.items()}
             explored, steps = sum(a["explored"] for a in arms.values()), bucket.steps
-            row = {k: v for k, v in self._row(i).items() if k in ("bucket", "lo", "hi", "best")}
+            row = {k: v for k, v in rows[i].items() if k in ("bucket", "lo", "hi", "best")}
             frac = explored / steps if steps else 0.0
             out.append({**row, "observations": steps, "chosen": steps, "explored": explored, "arms": arms})
             out[-1]["exploration_fraction"] = frac
         steps, explored = sum(b["chosen"] for b in out), sum(b["explored"] for b in out)
-        frac = explored / steps if steps else 0.0
-        return {"buckets": out, "exploration_fraction": frac, "dropped": self.dropped}
+        return {
+            "buckets": out,
+            "exploration_fraction": explored / steps if steps else 0.0,
+            "dropped": self.dropped,
+        }
 
     def reset_arms(self, drafters: Iterable[str]) -> int:
         """Forget the evidence of every arm of ``drafters`` (a new drafter version); returns the arms reset."""
@@ -296,14 +348,16 @@ class BucketedBandit:
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serializable state: config, arms, per bucket its steps and per arm window, counts and ban."""
+        buckets = [
+            {"steps": b.steps, "arms": {n: st.state(b.steps) for n, st in b.arms.items()}}
+            for b in self._buckets
+        ]
+        arms = [a.to_dict() for a in self.arms]
         return {
             "format": STATE_FORMAT,
             "config": self.cfg.to_dict(),
-            "arms": [a.to_dict() for a in self.arms],
-            "buckets": [
-                {"steps": b.steps, "arms": {n: a.state(b.steps) for n, a in b.arms.items()}}
-                for b in self._buckets
-            ],
+            "arms": arms,
+            "buckets": buckets,
             "version": self.version,
             "dropped": self.dropped,
         }

@@ -1,16 +1,20 @@
 """The rollout actor's in-process strategy selector: the tuner's table, a regret budget, DAS draft budgets.
 
 ``StrategySelector`` implements the engine's ``StrategySelector`` protocol (``speculative/strategy.py``). Per
-decode step it finds the active batch size's bucket in its copy of the central table (``bandit.py``) and plays
-(docs/tuner.md, "The selector", gives the reasons):
+decode step it finds the active batch size's bucket in its copy of the central table (``bandit.py``) and
+plays (docs/tuner.md, "The selector", gives the reasons):
 
-1. an exploration step, when the bucket's *regret budget* can pay for it: exploration's extra time over the
-   best, ``sum(max(0, seconds - tokens / R_best))``, plus the step's expected extra (``_extra``), at most
-   ``regret_budget`` of the bucket's time under this table. The candidate: a ``probe`` arm (rotated by the
-   seed), else the ``explore`` arm with the highest ``R + z * se``;
-2. else the bucket's *best*: the table's rule re-judged on estimates that continue the table's windows with
-   this selector's own steps (``RateWindow.estimate(prior=...)``), among the table's best and the arms it has
-   played. Each drafting request's draft length is capped by the length-aware budgets (``budgets.py``).
+0. the bucket's *best*: the table's rule re-judged on estimates that continue the central windows with this
+   selector's own steps since the table arrived (``RateWindow.estimate(prior=...)``), among the table's best
+   and the arms it has played. A step of the suffix or n-gram drafter also gives *counterfactual records* to
+   that drafter's shorter chains (``prefix_chains``): the chain of k nodes would have committed
+   ``sum(min(accepted, k) + 1)`` tokens (``StepObservation.accepted_lengths``), in the step's seconds times
+   the two arms' ratio of mean step seconds in the table; those chains are never explored while it plays;
+1. when the bucket's *regret budget* can pay for the step (exploration's extra time over the best,
+   ``sum(max(0, seconds - tokens / R_best))``, plus the step's expected extra (``_extra``), at most
+   ``regret_budget`` of the bucket's time under this table): a ``probe`` arm (rotated by the seed), else the
+   ``explore`` arm with the highest ``R + z * se``;
+2. else the best. Each drafting request's draft length is capped by the length-aware budgets (``budgets.py``).
 
 *Lease*: when the best is off and nothing may be explored, the engine plays the bucket's next steps plain
 without asking (``Lease``; every ``sample_every``-th timed), reported at the next step it asks about.
@@ -29,11 +33,13 @@ from typing import Any
 
 from services.rollout_actor.speculative.base import DraftRequest
 from services.rollout_actor.speculative.strategy import OFF, Lease, StepObservation, Strategy
-from services.tuner.arms import Arm, TunerConfigError
-from services.tuner.bandit import BanditConfig, RateWindow, faster
+from services.tuner.arms import Arm, Drafter, TunerConfigError
+from services.tuner.bandit import BanditConfig, RateWindow, estimate_from_sums, faster
 from services.tuner.budgets import BudgetConfig, LengthBudgets
 
 CLOCKS = ("auto", "thread", "engine")
+# drafters whose chain of k nodes is the first k nodes of their longer chain (a budget cuts the draft)
+PREFIX_DRAFTERS = (Drafter.SUFFIX, Drafter.NGRAM)
 _KEYS = ("batch_size", "arm", "committed_tokens", "seconds", "steps", "explored")  # of an observation
 
 
@@ -51,6 +57,15 @@ def resolve_clock(clock: str) -> str:
         return "thread"
 
 
+def prefix_chains(arm: Arm, arms: list[Arm]) -> list[Arm]:
+    """The chains among ``arms`` that are prefixes of ``arm``'s drafts: of its drafter, shorter than a chain,
+    at most as deep as a tree (its first-child chain). None unless the drafter is in ``PREFIX_DRAFTERS``."""
+    if arm.drafter not in PREFIX_DRAFTERS:
+        return []
+    k = arm.max_draft_tokens - 1 if arm.tree_width == 1 else arm.tree_depth
+    return [a for a in arms if a.drafter == arm.drafter and a.tree_width == 1 and a.max_draft_tokens <= k]
+
+
 class _Account:
     """One bucket's regret budget: its time, exploration's extra time, the seconds of its last best step."""
 
@@ -66,7 +81,7 @@ class StrategySelector:
     Args:
         table: ``BucketedBandit.table()`` (possibly ``gate_table``-d).
         budgets: per-class draft budgets and per-step quota (``BudgetConfig``).
-        seed: rotates the order of the probes, so that actors probe different arms first.
+        seed: rotates the order of equally played candidates, so actors probe different arms first.
         clock: ``"auto"``, ``"thread"`` or ``"engine"`` (module docstring).
         lease_steps: the longest lease, in steps; sample_every: every how many leased steps one is timed.
 
@@ -92,10 +107,11 @@ class StrategySelector:
         self.lease: Lease | None = None
         self.choices: dict[str, int] = {}  # arm name -> steps (this actor, since the last drain)
         self._pending: list[dict[str, Any]] = []  # observations for the tuner
-        self._last: tuple | None = None  # bucket, arm, explored, best's throughput, thread time at choose
+        self._last: tuple[int, Arm, bool, float] | None = None  # bucket, arm, explored, thread time at choose
         self._lease_bucket = 0
         self.update_table(table)
 
+    # ------------------------------------------------------------------ table
     def update_table(self, table: Mapping[str, Any]) -> None:
         """Install a newer table (ends the lease; own records and regret budgets start afresh)."""
         self._end_lease()
@@ -112,62 +128,89 @@ class StrategySelector:
         self._own: dict[int, dict[str, RateWindow]] = {}  # bucket -> arm -> this selector's records
         # per bucket the arms that may be played: the best, the explore and probe lists (never guarded/gated)
         self._playable = [list(dict.fromkeys([r["best"], *r["explore"], *r["probe"]])) for r in self._rows]
+        # per bucket, per playable arm: the playable chains its steps give counterfactual records to
+        self._prefixes = [
+            {n: prefix_chains(self._arms[n], [self._arms[m] for m in names]) for n in names}
+            for names in self._playable
+        ]
         self._accounts: dict[int, _Account] = {}  # each table's (rollout's) exploration has its own budget
+
+    def _bucket_of(self, n: int) -> int:
+        return max(0, bisect.bisect_right(self.edges, n) - 1)
 
     def record_lengths(self, items: list[tuple[str, int]]) -> None:
         """Finished responses ``(problem_id, generated tokens)``: the per-problem length history (DAS)."""
         self.budgets.history.record_many(items)
 
     # ------------------------------------------------------------------ per step
-    def _next(self, i: int) -> tuple[str, str | None, float | None]:
-        """Bucket ``i``'s best arm, the candidate to explore next (None: none) and the best's throughput in
-        tokens/s (None: no estimate yet, and nothing is explored) (module docstring)."""
-        row, own, prior = self._rows[i], self._own.get(i, {}), self._rows[i].get("windows", {})
-        empty = RateWindow(self.window)
-        ests = {n: own.get(n, empty).estimate(self.min_samples, prior.get(n)) for n in self._playable[i]}
-        ests = {n: e for n, e in ests.items() if e is not None}
-        best, off = row["best"], ests.get(OFF.name)
-        if off is not None and set(own) - {best}:  # an arm not played here does not displace the table's best
-            quicker = [(ests[n][0], n) for n in {best, *own} if n in ests and faster(ests[n], off, self.z)]
+    def _plan(self, i: int) -> tuple[str, list[str], float | None]:
+        """Bucket ``i``'s best arm, exploration candidates (in the order to try them) and the best's throughput
+        estimate (tokens/s; None: none yet) (module docstring, steps 0-1)."""
+        row, own = self._rows[i], self._own.get(i, {})
+        prior = row.get("windows", {})
+        best, playable = row["best"], self._playable[i]
+        ests = {}
+        for n in playable:
+            w = own.get(n)
+            e = (
+                w.estimate(self.min_samples, prior.get(n))
+                if w is not None
+                else self._prior_estimate(prior, n)
+            )
+            if e is not None:
+                ests[n] = e
+        contenders = {best, *own}  # an arm this selector has not played does not displace the table's best
+        off = ests.get(OFF.name)
+        if off is not None and len(contenders) > 1:
+            quicker = [(ests[n][0], n) for n in contenders if n in ests and faster(ests[n], off, self.z)]
             best = max(quicker)[1] if quicker else OFF.name
-        rate = ests[best][0] if best in ests else None
         probe = [n for n in row["probe"] if n not in ests]
-        if probe:
-            return best, probe[self.seed % len(probe)], rate
-        explore = [n for n in ests if n != best]
-        return best, max(explore, key=lambda n: ests[n][0] + self.z * ests[n][1], default=None), rate
+        covered = {a.name for a in self._prefixes[i].get(best, ())}  # their records come free
+        explore = [n for n in playable if n in ests and n != best and n not in covered]
+        explore.sort(key=lambda n: -(ests[n][0] + self.z * ests[n][1]))  # likeliest to beat the best first
+        return best, probe or explore, ests[best][0] if best in ests else None
+
+    def _prior_estimate(self, prior: Mapping[str, list[float]], arm: str) -> tuple[float, float] | None:
+        """The table's estimate of ``arm`` from its window sums (``prior``: the row's ``windows``)."""
+        w = prior.get(arm)
+        return estimate_from_sums(w[0], w[1:], self.min_samples) if w is not None else None
+
+    def _pick(self, i: int, acc: _Account) -> tuple[Arm, bool, float | None]:
+        """Bucket ``i``'s next arm, whether it explores, and the best's throughput (module docstring)."""
+        best, cand, rate = self._next(i)
+        # explore only a step the budget can pay for, and only after a step of the best in this table
+        afford = cand is not None and rate and acc.step > 0
+        if not afford or acc.spent + self._extra(i, cand, rate, acc) > self.regret_budget * acc.time:
+            return self._arms[best], False, rate
+        return self._arms[cand], True, rate
+
+    def _next(self, i: int) -> tuple[str, str | None, float | None]:
+        """Bucket ``i``'s best, the candidate to explore next (None: none) and the best's throughput (None: no
+        estimate yet, and nothing is explored): probes rotated by the seed (actors probe different arms
+        first), explorations by upper bound."""
+        best, cands, rate = self._plan(i)
+        if not cands:
+            return best, None, rate
+        return best, cands[self.seed % len(cands) if cands[0] in self._rows[i]["probe"] else 0], rate
 
     def _extra(self, i: int, name: str, rate: float, acc: _Account) -> float:
-        """A step of arm ``name``'s expected seconds beyond the best's for the same tokens: ``s * (1 - R /
-        R_best)`` from its mean step seconds ``s`` and throughput ``R`` here (this selector's window, else the
-        table's). For an arm without either, the same from the nearest bucket where the table has both arms,
-        as ratios to the best's: ``acc.step * q * (1 - r)``, ``q`` the ratio of mean step seconds and ``r`` of
-        throughputs there; one step of the best's (``acc.step``) where no bucket has both."""
+        """A step of arm ``name``'s expected seconds beyond the best's for the same tokens, ``s * (1 - R /
+        R_best)`` from its mean step seconds ``s`` and throughput ``R`` (this selector's window, else the
+        table's); for an arm without any: one step of the best's (``acc.step``)."""
         w = self._own.get(i, {}).get(name)
-        rows = self._rows
-        sums = w.sums() if w is not None and len(w) else rows[i].get("windows", {}).get(name)
-        if sums and sums[0] > 0 and sums[2] > 0:
-            return max(0.0, sums[2] / sums[0] - sums[1] / sums[0] / rate)
-        for j in sorted(range(len(rows)), key=lambda j: (abs(j - i), j))[1:]:
-            win = rows[j].get("windows", {})
-            a, b = win.get(name), win.get(rows[i]["best"])
-            if a and b:  # [n, sum tokens, sum seconds, ...] of arms with an estimate there
-                q, r = (a[2] / a[0]) / (b[2] / b[0]), (a[1] / a[2]) / (b[1] / b[2])
-                return acc.step * q * max(0.0, 1.0 - r)
-        return acc.step
+        sums = w.sums() if w is not None and len(w) else self._rows[i].get("windows", {}).get(name)
+        if not sums or sums[0] <= 0 or sums[2] <= 0:
+            return acc.step
+        return max(0.0, sums[2] / sums[0] - sums[1] / sums[0] / rate)
 
     def choose(self, requests: list[DraftRequest]) -> list[Strategy]:
         """One ``Strategy`` per request for this step (module docstring)."""
         t0 = time.thread_time() if self.clock == "thread" else 0.0
         self._end_lease()
         n = len(requests)
-        i = max(0, bisect.bisect_right(self.edges, n) - 1)
+        i = self._bucket_of(n)
         acc = self._accounts.setdefault(i, _Account())
-        best, cand, rate = self._next(i)
-        # explore only a step the budget can pay for, and only after a step of the best in this table
-        explored = bool(cand is not None and rate and acc.step > 0)
-        explored = explored and acc.spent + self._extra(i, cand, rate, acc) <= self.regret_budget * acc.time
-        arm = self._arms[cand if explored else best]
+        arm, explored, rate = self._pick(i, acc)
         self.choices[arm.name] = self.choices.get(arm.name, 0) + 1
         self._last = (i, arm, explored, rate, t0)
         if arm.is_off:
@@ -186,7 +229,8 @@ class StrategySelector:
         """The result of the step ``choose`` just picked: recorded, charged to the budget; may grant a lease."""
         if self._last is None:
             return
-        (i, arm, explored, rate, t0), self._last = self._last, None
+        i, arm, explored, rate, t0 = self._last
+        self._last = None
         seconds = obs.seconds
         if self.clock == "thread":
             seconds = time.thread_time() - t0 or seconds
@@ -195,6 +239,7 @@ class StrategySelector:
             return
         self._record(obs.batch_size, arm.name, obs.committed_tokens, seconds, 1, explored)
         self._own_record(i, arm.name, obs.committed_tokens, seconds)
+        self._counterfactual(i, arm, obs, seconds)
         acc = self._accounts[i]
         acc.time += seconds
         if explored:  # its extra time over the best's for the same tokens
@@ -204,10 +249,30 @@ class StrategySelector:
             if arm.is_off:
                 self._grant(i, acc)
 
+    def _counterfactual(self, i: int, arm: Arm, obs: StepObservation, seconds: float) -> None:
+        """Records for ``prefix_chains`` of the played arm from the same step (module docstring, step 0): a chain of k nodes
+        is the first k nodes of the played draft's first-child chain, so it would have committed
+        ``sum(min(accepted, k) + 1)`` tokens; its seconds are the step's times the ratio of the two arms' mean
+        step seconds in the table's windows of this bucket (an arm without one gets no record)."""
+        shorter = self._prefixes[i].get(arm.name, ())
+        windows = self._rows[i].get("windows", {})
+        played = windows.get(arm.name)
+        if not shorter or not obs.accepted_lengths or not played or played[2] <= 0:
+            return
+        for a in shorter:
+            w = windows.get(a.name)
+            if w and w[2] > 0 and w[0] > 0:
+                k = a.max_draft_tokens
+                tokens = obs.batch_size + sum(min(x, k) for x in obs.accepted_lengths)
+                self._own_record(i, a.name, tokens, seconds * (w[2] / w[0]) / (played[2] / played[0]))
+
     def _own_record(self, i: int, arm: str, tokens: float, seconds: float) -> None:
         if seconds > 0:
             own = self._own.setdefault(i, {})
-            own.setdefault(arm, RateWindow(self.window)).append(float(tokens), float(seconds))
+            w = own.get(arm)
+            if w is None:
+                w = own[arm] = RateWindow(self.window)
+            w.append(float(tokens), float(seconds))
 
     def _grant(self, i: int, acc: _Account) -> None:
         """Lease the bucket's next steps when nothing may be explored there before they are played: as many as
@@ -221,9 +286,11 @@ class StrategySelector:
         else:
             owed = acc.spent + self._extra(i, cand, rate, acc) - budget * acc.time
             q = min(self.lease_steps, math.ceil(owed / (budget * acc.step)))
-        if q >= 1:
-            hi = math.inf if row["hi"] is None else row["hi"]
-            self.lease, self._lease_bucket = Lease(q, row["lo"], hi, self.sample_every), i
+        if q < 1:
+            return
+        hi = row["hi"]
+        self.lease = Lease(q, row["lo"], math.inf if hi is None else hi, self.sample_every)
+        self._lease_bucket = i
 
     def _end_lease(self) -> None:
         """Count the steps played under the lease (if any) in the bucket's time and report them, each timed
@@ -241,7 +308,7 @@ class StrategySelector:
             tokens, seconds = (
                 (0, 0.0) if s is None or s.capture_seconds > 0 else (s.committed_tokens, s.seconds)
             )
-            if seconds and self.clock == "thread" and s.thread_seconds > 0:
+            if s is not None and self.clock == "thread" and s.thread_seconds > 0 and seconds:
                 seconds = s.thread_seconds
             self._record(
                 self._rows[i]["lo"] if s is None else s.batch_size, OFF.name, tokens, seconds, at - prev

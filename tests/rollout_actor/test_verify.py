@@ -50,6 +50,7 @@ from services.rollout_actor.speculative.verify import (
     verify_chain,
     verify_tree,
 )
+from services.rollout_actor.verify_step import chain_accepted
 
 MC_SAMPLES = 20_000
 P_VALUE_MIN = 1e-4
@@ -978,3 +979,14 @@ def test_cuda_matches_cpu():
     gpu = verify_chain(target.cuda(), tokens.cuda(), num.cuda(), q.cuda(), u.cuda(), greedy.cuda())
     assert gpu.accepted_nodes == cpu.accepted_nodes
     assert torch.equal(gpu.next_token.cpu(), cpu.next_token)
+
+
+def test_chain_accepted_counts_the_accepted_nodes_of_the_first_child_chain():
+    chain = DraftTree.chain([5, 6, 7, 8])
+    assert [chain_accepted(chain, list(range(a))) for a in range(5)] == [0, 1, 2, 3, 4]
+    # root -> 0 (first child) -> 2 (first child of 0) -> 4; siblings 1 (of 0) and 3 (of 2)
+    tree = DraftTree([10, 11, 12, 13, 14], [-1, -1, 0, 0, 2])
+    assert chain_accepted(tree, [0, 2, 4]) == 3  # the whole first-child chain
+    assert chain_accepted(tree, [0, 3]) == 1  # left the chain at depth 2: that chain had 1 accepted
+    assert chain_accepted(tree, [1]) == 0  # the root's second child: the chain's first node was rejected
+    assert chain_accepted(tree, []) == 0

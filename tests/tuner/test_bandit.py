@@ -58,13 +58,16 @@ def test_off_is_best_until_an_arm_is_reliably_faster_and_untried_arms_are_probed
     assert r["best"] == FAST.name and "off" in r["explore"] and FAST.name not in r["explore"]
     feed(bandit, EVEN, 6, 1, 0.010, seed=1)
     assert EVEN.name in row(bandit)["explore"]  # neither reliably faster nor slower: kept exploring
-    # buckets are judged independently: another bucket's evidence does not make an arm best here
+    # a bucket without drafting evidence plays the nearest bucket's best, off probed first; off's evidence
+    # alone does not change that; the arm's own evidence there decides
     r64 = row(bandit, 64)
-    assert r64["best"] == "off" and FAST.name in r64["probe"] and not r64["windows"]
+    assert r64["best"] == FAST.name and r64["probe"][0] == "off" and not r64["windows"]
     feed(bandit, OFF, 4, 64, 0.010, b=64)
+    r64 = row(bandit, 64)
+    assert r64["best"] == FAST.name and "off" not in r64["probe"] and FAST.name not in r64["probe"]
     feed(bandit, FAST, 4, 32, 0.010, b=64)  # half off's throughput at batch 64
     r64 = row(bandit, 64)
-    assert r64["best"] == "off" and FAST.name in r64["guarded"]
+    assert r64["best"] == "off" and FAST.name in r64["guarded"]  # buckets are judged independently
 
 
 def test_a_reliably_slower_arm_is_banned_and_reprobed_with_exponential_back_off():
@@ -127,3 +130,18 @@ def test_reset_arms_forgets_a_drafters_evidence_only():
     arms = bandit.stats()["buckets"][0]["arms"]
     assert arms[EVEN.name]["total"] == 0 and arms[FAST.name]["total"] == 8
     assert EVEN.name in row(bandit)["probe"] and FAST.name not in row(bandit)["probe"]
+
+
+def test_a_drafting_arms_records_older_than_the_horizon_are_forgotten_and_it_is_probed_again():
+    bandit = BucketedBandit(ARMS, BanditConfig(min_samples=4, horizon=100))
+    feed(bandit, OFF, 8, 1, 0.010)
+    feed(bandit, FAST, 4, 2, 0.010)
+    assert row(bandit)["best"] == FAST.name
+    feed(bandit, OFF, 60, 1, 0.010)  # FAST's records are 60 bucket steps old: still within the horizon
+    assert row(bandit)["best"] == FAST.name
+    feed(bandit, OFF, 60, 1, 0.010)  # now 120: forgotten, FAST is probed afresh; off keeps its window
+    r = row(bandit)
+    assert r["best"] == "off" and FAST.name in r["probe"] and "off" in r["windows"]
+    assert bandit.state_dict()["buckets"][0]["arms"][FAST.name]["window"] == []
+    feed(bandit, FAST, 4, 2, 0.010)
+    assert row(bandit)["best"] == FAST.name

@@ -177,28 +177,27 @@ def test_within_a_rollout_the_selector_leaves_a_stale_best_for_the_arm_its_own_s
     assert eng.log[0].arm == X  # it starts from the table's best
 
 
-def test_an_arm_that_pays_in_the_neighbouring_bucket_is_probed_at_once_and_one_without_evidence_is_not():
-    x = "suffix-k4-w1"
-
-    def steps_at_64(bandit, n=30):
-        sel = StrategySelector(bandit.table(), clock="engine")
-        played = []
-        for _ in range(n):
-            s = sel.choose(_requests(64))[0]
-            played.append(s.name)
-            tokens = 128 if s.name != "off" else 64  # x commits twice as many tokens in the same 50 ms
-            sel.observe(StepObservation(64, s.name, tokens, 64 * s.max_draft_tokens, 64, 0.05))
-        return played
-
-    for evidence in (True, False):
-        bandit = BucketedBandit(parse_arms(["off", x]), BanditConfig(regret_budget=0.01))
-        for _ in range(8):
-            bandit.observe(64, "off", 64, 0.05)
-            if evidence:  # at batch sizes 32-63, x is twice as fast as off
-                bandit.observe(32, "off", 32, 0.02)
-                bandit.observe(32, x, 64, 0.02)
-        played = steps_at_64(bandit)
-        if evidence:
-            assert played[0] == "off" and played[1] == "suffix-k4"  # priced at zero extra time: probed after one step
-        else:
-            assert set(played) == {"off"}  # priced at a whole step: 1% of 30 steps cannot pay for it
+def test_a_chains_steps_judge_the_shorter_chains_of_its_drafter_without_playing_them():
+    # the table (an earlier rollout) says k8 is fastest: 3 tokens in 20 ms against k4's 1.2 in 10 ms. In this
+    # rollout no draft is accepted past its 2nd node, so k4 commits what k8 does in its cheaper steps
+    k4, k8 = "suffix-k4-w1", "suffix-k8-w1"
+    bandit = BucketedBandit(parse_arms(["off", k4, k8]), BanditConfig(regret_budget=0.0))
+    for _ in range(8):
+        bandit.observe(1, "off", 1, 0.010)
+        bandit.observe(1, k4, 1.2, 0.010)
+        bandit.observe(1, k8, 3, 0.020)
+    table = bandit.table()
+    assert table["buckets"][0]["best"] == k8
+    sel = StrategySelector(table, clock="engine")
+    played = []
+    for _ in range(40):
+        s = sel.choose(_requests(1))[0]
+        k = s.max_draft_tokens
+        played.append(k)
+        seconds = 0.020 if k == 8 else 0.010  # the arms' step costs, as in the table
+        sel.observe(StepObservation(1, s.name, 3, k, 2, seconds, draft_lengths=(k,), accepted_lengths=(2,)))
+    assert played[0] == 8 and 4 in played and played[-10:] == [4] * 10  # switched; nothing was explored
+    assert set(played[played.index(4) :]) == {4}  # once the best, it stays
+    # no counterfactual record reaches the tuner: its records are the steps played
+    obs = sel.drain_observations()
+    assert sum(o["steps"] for o in obs) == 40 and {o["arm"] for o in obs} == {k4, k8}

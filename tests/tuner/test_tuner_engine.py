@@ -58,7 +58,13 @@ class Modeled:
         return self.inner.choose(requests)
 
     def observe(self, obs: StepObservation):
-        assert 0 <= obs.accepted_tokens <= obs.drafted_tokens
+        # the engine reports every request's draft and accepted lengths (the selector's counterfactual records)
+        assert len(obs.draft_lengths) == len(obs.accepted_lengths) == obs.batch_size
+        assert (sum(obs.draft_lengths), sum(obs.accepted_lengths)) == (
+            obs.drafted_tokens,
+            obs.accepted_tokens,
+        )
+        assert all(0 <= a <= d for a, d in zip(obs.accepted_lengths, obs.draft_lengths))
         self.inner.observe(replace(obs, seconds=cost(obs.batch_size, obs.drafted_tokens) / 1e3))
 
 

@@ -60,6 +60,11 @@ class StepObservation:
     seconds: float  # draft + verify wall time
     # part of ``seconds`` spent capturing CUDA graphs: a one-off cost of a graph key, not of the step's arm
     capture_seconds: float = 0.0
+    # per request of the step (engine order): draft nodes verified [B], and accepted nodes of the draft's
+    # first-child chain [B] (a chain: its accepted count; ``verify_step.chain_accepted``); 0 for ``off`` rows.
+    # The chain of its first k nodes would have had min(accepted, k) accepted.
+    draft_lengths: tuple[int, ...] = ()
+    accepted_lengths: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
