@@ -23,7 +23,8 @@ CLASSES = ("long", "medium", "short")
 @dataclass
 class BudgetConfig(Settings):
     """Config section ``tuner.budgets``: per-class draft budgets (tokens per request per step), the per-step
-    quota (draft tokens over all requests), and how problems are classified (``LengthHistory``)."""
+    quota (draft tokens over all requests), and how problems are classified (``LengthHistory``). Raises
+    ``TunerConfigError`` naming the key of a bad value."""
 
     SECTION = "budgets"
     long: int = 32
