@@ -143,9 +143,10 @@ class StrategySelector:
         self.budgets.history.record_many(items)
 
     # ------------------------------------------------------------------ per step
-    def _plan(self, i: int) -> tuple[str, list[str], float | None]:
-        """Bucket ``i``'s best arm, exploration candidates (in the order to try them) and the best's throughput
-        estimate (tokens/s; None: none yet) (module docstring, steps 0-1)."""
+    def _next(self, i: int) -> tuple[str, str | None, float | None]:
+        """Bucket ``i``'s best arm, the candidate to explore next (None: none) and the best's throughput estimate
+        (tokens/s; None: none yet, and nothing is explored) (module docstring, steps 0-1): probes rotated by the
+        seed (actors probe different arms first), else the exploration with the highest upper bound."""
         row, own = self._rows[i], self._own.get(i, {})
         prior = row.get("windows", {})
         best, playable = row["best"], self._playable[i]
@@ -167,8 +168,11 @@ class StrategySelector:
         probe = [n for n in row["probe"] if n not in ests]
         covered = {a.name for a in self._prefixes[i].get(best, ())}  # their records come free
         explore = [n for n in playable if n in ests and n != best and n not in covered]
-        explore.sort(key=lambda n: -(ests[n][0] + self.z * ests[n][1]))  # likeliest to beat the best first
-        return best, probe or explore, ests[best][0] if best in ests else None
+        rate = ests[best][0] if best in ests else None
+        if probe:
+            return best, probe[self.seed % len(probe)], rate
+        # the likeliest to beat the best
+        return best, max(explore, key=lambda n: ests[n][0] + self.z * ests[n][1], default=None), rate
 
     def _prior_estimate(self, prior: Mapping[str, list[float]], arm: str) -> tuple[float, float] | None:
         """The table's estimate of ``arm`` from its window sums (``prior``: the row's ``windows``)."""
@@ -183,15 +187,6 @@ class StrategySelector:
         if not afford or acc.spent + self._extra(i, cand, rate, acc) > self.regret_budget * acc.time:
             return self._arms[best], False, rate
         return self._arms[cand], True, rate
-
-    def _next(self, i: int) -> tuple[str, str | None, float | None]:
-        """Bucket ``i``'s best, the candidate to explore next (None: none) and the best's throughput (None: no
-        estimate yet, and nothing is explored): probes rotated by the seed (actors probe different arms
-        first), explorations by upper bound."""
-        best, cands, rate = self._plan(i)
-        if not cands:
-            return best, None, rate
-        return best, cands[self.seed % len(cands) if cands[0] in self._rows[i]["probe"] else 0], rate
 
     def _extra(self, i: int, name: str, rate: float, acc: _Account) -> float:
         """A step of arm ``name``'s expected seconds beyond the best's for the same tokens, ``s * (1 - R /

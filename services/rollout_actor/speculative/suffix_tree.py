@@ -81,8 +81,8 @@ reaching 1.92 at K = 16, for ~30% more drafted tokens; alpha 2, beta 2 or both a
 22-78% more drafted tokens, accepted/drafted falling from 0.25 to 0.22-0.15), ``min_match_len = 1``,
 ``max_depth = 32`` (64 changes tau by < 1%); min_token_prob 0.05-0.2 changes tau by < 0.5%. ``window_steps = 4``,
 ``problem_capacity = 64`` responses, ``history_capacity = 4096`` responses, ``global_capacity = 512``
-responses (a GRPO rollout or two; the token count per response varies 10x), ``index_budget = 256`` suffixes (< 1 ms of indexing per ``propose``:
-``python -m benchmarks.suffix_sibling_stall``).
+responses (a GRPO rollout or two; the token count per response varies 10x), ``index_budget = 256`` suffixes
+(< 1 ms of indexing per ``propose``: ``python -m benchmarks.suffix_sibling_stall``).
 
 Cost and memory (``python -m benchmarks.drafter_propose_cost``): ~30 us of CPU per request per ``propose``
 with ~300-token contexts on a loaded 2-core EPYC (1.3x the longest-match-only drafter: the shorter
