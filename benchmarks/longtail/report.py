@@ -308,7 +308,8 @@ def write_plot(result: dict, path: Path) -> None:
     axes[2].set_title(f"Long-tail (active <= {s['longtail_batch']}) tokens/s speedup")
     axes[2].axhline(LONGTAIL_GOAL, color="r", lw=0.8, ls=":", label=f"{LONGTAIL_GOAL:g}x goal")
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 8), fontsize=8, frameon=False)
+    if labels:  # none without sequential repetitions (--reps 0)
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 8), fontsize=8, frameon=False)
     tl, ax = result.get("timelines", {}), axes[1]
     for i, (c, pts) in enumerate(tl.get("series", {}).items()):
         label = f"{c} (unfinished rows)" if c == HF_PLAIN else c

@@ -6,7 +6,7 @@
 Imports no service module: the tuner's gRPC face (which serves the table) and the rollout actor's (which
 receives it) both use it. The table's ``regret_budget`` travels in ``StrategyTable.ledger.budget``, its
 ``window``, ``min_samples`` and ``z`` in ``StrategyTable.selector``, each bucket's ``windows`` (the arms' window
-sums, ``RateWindow.sums()``) in ``StrategyBucket.windows``; the
+sums, ``RateWindow.sums()``) in ``StrategyBucket.windows`` and its ``allowance`` (seconds); the
 message's other legacy fields (``epsilon``, ``explore_p``, ``off_estimate``, ``free``, ``demote``) are left
 unset here and only checked on receipt.
 """
@@ -50,6 +50,7 @@ def table_to_pb(table: Mapping[str, Any]) -> common_pb2.StrategyTable:
                 common_pb2.ArmWindow(arm=n, **dict(zip(WINDOW_FIELDS, map(float, w))))
                 for n, w in b.get("windows", {}).items()
             ],
+            allowance=float(b.get("allowance", 0.0)),
         )
         if b.get("hi") is not None:
             msg.hi = int(b["hi"])
@@ -101,6 +102,7 @@ def table_from_pb(pb: common_pb2.StrategyTable) -> dict[str, Any]:
                 "probe": list(b.probe),
                 "guarded": list(b.guarded),
                 "windows": {w.arm: [float(getattr(w, k)) for k in WINDOW_FIELDS] for w in b.windows},
+                "allowance": float(b.allowance),
             }
             for b in pb.buckets
         ],
@@ -155,6 +157,7 @@ def check_table_pb(pb: common_pb2.StrategyTable, field: str = "table") -> None:
             check_number(w.n, f"{f}.windows[{j}].n", hi=1 << 20)
             for k in WINDOW_FIELDS[1:]:
                 check_number(getattr(w, k), f"{f}.windows[{j}].{k}", hi=1e30)
+        check_number(b.allowance, f"{f}.allowance", lo=-1e12, hi=1e12)
     if pb.HasField("demote"):
         d = pb.demote
         check_counter(d.samples, f"{field}.demote.samples", at_least=1, at_most=10**9)

@@ -11,7 +11,11 @@ draft + verify (``selector.py`` measures it). Per bucket and arm:
 - the table's row (``table()``): ``best`` is off unless an arm is reliably faster than off (then the fastest
   such arm); ``guarded``: arms reliably slower than off, the k-th ban lasting ``ban_steps * 2 ** (k - 1)``
   bucket steps, then probed afresh; ``probe``: arms without an estimate; ``explore``: the others. A bucket
-  without drafting evidence plays the best of the nearest bucket that has some.
+  without drafting evidence plays the best of the nearest bucket that has some;
+- the regret budget carried from rollout to rollout: the bucket's decode seconds ``time`` (an untimed record
+  counts its arm's mean step seconds) and exploration's extra seconds over the best ``spent`` (``sum(max(0,
+  seconds - tokens / R_best))`` over explored steps); the row's ``allowance = regret_budget * time - spent``
+  is what exploration may still cost there (the selector spends it).
 
 docs/tuner.md gives the reasons. ``BucketedBandit`` merges the actors' observations (``merge``), publishes
 ``table()`` and is checkpointed with ``state_dict`` / ``load_state_dict`` (JSON-serializable).
@@ -30,7 +34,7 @@ from typing import Any
 from services.tuner.arms import OFF, Arm
 from services.tuner.settings import Settings, TunerConfigError, check_int, check_number
 
-STATE_FORMAT = 2
+STATE_FORMAT = 3
 
 
 @dataclass
@@ -174,6 +178,7 @@ class _Bucket:
     def __init__(self, arms: Sequence[Arm], window: int) -> None:
         self.arms = {a.name: _Arm(window) for a in arms}
         self.steps = 0
+        self.time = self.spent = 0.0  # seconds (module docstring)
 
 
 def faster(a: tuple[float, float], b: tuple[float, float], z: float) -> bool:
@@ -212,23 +217,34 @@ class BucketedBandit:
     def merge(self, observations: Iterable[Mapping[str, Any]]) -> int:
         """Fold actors' observation dicts (``StrategySelector.drain_observations``: ``batch_size``, ``arm``,
         ``committed_tokens``, ``seconds``, optional ``steps`` and ``explored``) in, then judge the buckets
-        they touched. Returns how many were taken (unknown arms are dropped and counted in ``dropped``)."""
-        touched: dict[int, _Bucket] = {}
+        they touched. An explored step's extra seconds over the bucket's best (its estimate before this merge;
+        none without one) are charged to the bucket's regret budget. Returns how many were taken (unknown arms
+        are dropped and counted in ``dropped``)."""
+        touched: dict[int, tuple[_Bucket, float | None]] = {}
         taken = 0
         for ob in observations:
             i = self.bucket_of(int(ob["batch_size"]))
-            st = self._buckets[i].arms.get(str(ob["arm"]))
+            bucket = self._buckets[i]
+            st = bucket.arms.get(str(ob["arm"]))
             if st is None:
                 self.dropped += 1
                 continue
+            if i not in touched:
+                row = self._row(i)
+                est = row["windows"].get(row["best"])
+                touched[i] = (bucket, estimate_from_sums(est[0], est[1:], 2)[0] if est else None)
             steps, taken = max(1, int(ob.get("steps") or 1)), taken + 1
-            touched[i] = self._buckets[i]
-            touched[i].steps += steps
+            tokens, seconds, rate = float(ob["committed_tokens"]), float(ob["seconds"]), touched[i][1]
+            bucket.steps += steps
             st.n += steps
             st.explored += bool(ob.get("explored"))
-            if ob["seconds"] > 0:
-                st.window.append(float(ob["committed_tokens"]), float(ob["seconds"]), touched[i].steps)
-        for bucket in touched.values():
+            sums = st.window.sums()
+            bucket.time += steps * (seconds if seconds > 0 else sums[2] / max(1.0, sums[0]))
+            if seconds > 0:
+                st.window.append(tokens, seconds, bucket.steps)
+                if ob.get("explored") and rate:
+                    bucket.spent += max(0.0, seconds - tokens / rate)
+        for bucket, _ in touched.values():
             self._judge(bucket)
         return taken
 
@@ -290,6 +306,7 @@ class BucketedBandit:
             "guarded": [n for n, st in bucket.arms.items() if st.banned_until >= 0],
             # the windows' sums of the arms with an estimate (the selectors continue them: selector.py)
             "windows": {n: bucket.arms[n].window.sums() for n, e in ests.items() if e is not None},
+            "allowance": cfg.regret_budget * bucket.time - bucket.spent,  # seconds
         }
 
     def _rows(self) -> list[dict[str, Any]]:
@@ -303,8 +320,9 @@ class BucketedBandit:
 
     def table(self) -> dict[str, Any]:
         """The strategy table the rollout actors play (JSON-serializable; a new ``version`` each call): per
-        bucket ``best``, ``explore``, ``probe`` and ``guarded`` arm names (module docstring) and ``windows``
-        (arm name -> ``RateWindow.sums()``, the arms not guarded with an estimate); the arms,
+        bucket ``best``, ``explore``, ``probe`` and ``guarded`` arm names (module docstring), ``windows``
+        (arm name -> ``RateWindow.sums()``, the arms not guarded with an estimate) and ``allowance``
+        (seconds); the arms,
         ``regret_budget``, and the ``window``, ``min_samples`` and ``z`` the selectors' estimates use."""
         self.version += 1
         return {
@@ -347,9 +365,11 @@ class BucketedBandit:
         return len(names)
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serializable state: config, arms, per bucket its steps and per arm window, counts and ban."""
+        """JSON-serializable state: config, arms, per bucket its steps, time, spent and per arm window, counts and
+        ban."""
         buckets = [
-            {"steps": b.steps, "arms": {n: st.state(b.steps) for n, st in b.arms.items()}}
+            {"steps": b.steps, "time": b.time, "spent": b.spent}
+            | {"arms": {n: st.state(b.steps) for n, st in b.arms.items()}}
             for b in self._buckets
         ]
         arms = [a.to_dict() for a in self.arms]
@@ -378,6 +398,7 @@ class BucketedBandit:
             raise TunerConfigError(f"state bucket_edges {edges} differ from this tuner's {self.edges}")
         for b, bst in zip(self._buckets, state["buckets"]):
             b.steps = int(bst["steps"])
+            b.time, b.spent = float(bst["time"]), float(bst["spent"])
             b.arms = {n: _Arm(self.cfg.window, bst["arms"].get(n), b.steps) for n in b.arms}
         self.version, self.dropped = int(state.get("version", 0)), int(state.get("dropped", 0))
 

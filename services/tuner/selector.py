@@ -11,9 +11,9 @@ plays (docs/tuner.md, "The selector", gives the reasons):
    ``sum(min(accepted, k) + 1)`` tokens (``StepObservation.accepted_lengths``), in the step's seconds times
    the two arms' ratio of mean step seconds in the table; those chains are never explored while it plays;
 1. when the bucket's *regret budget* can pay for the step (exploration's extra time over the best,
-   ``sum(max(0, seconds - tokens / R_best))``, plus the step's expected extra (``_extra``), at most
-   ``regret_budget`` of the bucket's time under this table): a ``probe`` arm (rotated by the seed), else the
-   ``explore`` arm with the highest ``R + z * se``;
+   ``sum(max(0, seconds - tokens / R_best))``, plus the step's expected extra (``_extra``), at most the
+   table's ``allowance`` plus ``regret_budget`` of the bucket's time under this table): a ``probe`` arm
+   (rotated by the seed), else the ``explore`` arm with the highest ``R + z * se``;
 2. else the best. Each drafting request's draft length is capped by the length-aware budgets (``budgets.py``).
 
 *Lease*: when the best is off and nothing may be explored, the engine plays the bucket's next steps plain
@@ -113,7 +113,8 @@ class StrategySelector:
 
     # ------------------------------------------------------------------ table
     def update_table(self, table: Mapping[str, Any]) -> None:
-        """Install a newer table (ends the lease; own records and regret budgets start afresh)."""
+        """Install a newer table (ends the lease; own records and regret accounts start afresh: the table's
+        ``allowance`` carries the budget over)."""
         self._end_lease()
         self.table = table  # the table this selector plays (read-only: install another with update_table)
         self.version = int(table["version"])
@@ -184,9 +185,14 @@ class StrategySelector:
         best, cand, rate = self._next(i)
         # explore only a step the budget can pay for, and only after a step of the best in this table
         afford = cand is not None and rate and acc.step > 0
-        if not afford or acc.spent + self._extra(i, cand, rate, acc) > self.regret_budget * acc.time:
+        if not afford or self._owed(i, cand, rate, acc) > 0:
             return self._arms[best], False, rate
         return self._arms[cand], True, rate
+
+    def _owed(self, i: int, name: str, rate: float, acc: _Account) -> float:
+        """Seconds by which a step of ``name`` would overdraw bucket ``i``'s regret budget (<= 0: it fits)."""
+        allowance = self._rows[i].get("allowance", 0.0)
+        return acc.spent + self._extra(i, name, rate, acc) - allowance - self.regret_budget * acc.time
 
     def _extra(self, i: int, name: str, rate: float, acc: _Account) -> float:
         """A step of arm ``name``'s expected seconds beyond the best's for the same tokens, ``s * (1 - R /
@@ -279,8 +285,7 @@ class StrategySelector:
         elif not rate:
             return  # the best needs its estimate before anything is explored: no lease
         else:
-            owed = acc.spent + self._extra(i, cand, rate, acc) - budget * acc.time
-            q = min(self.lease_steps, math.ceil(owed / (budget * acc.step)))
+            q = min(self.lease_steps, math.ceil(self._owed(i, cand, rate, acc) / (budget * acc.step)))
         if q < 1:
             return
         hi = row["hi"]

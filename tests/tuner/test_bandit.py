@@ -18,10 +18,11 @@ EVEN = Arm(Drafter.LEARNED, 2)  # as fast as off
 ARMS = [OFF, FAST, SLOW, EVEN]
 
 
-def feed(bandit, arm, n, tokens, seconds, b=1, seed=0, steps=1):
+def feed(bandit, arm, n, tokens, seconds, b=1, seed=0, steps=1, explored=False):
     rng = random.Random(seed)
     for _ in range(n):
-        bandit.observe(b, arm, tokens, seconds * (1 + 0.05 * rng.uniform(-1, 1)), steps=steps)
+        s = seconds * (1 + 0.05 * rng.uniform(-1, 1))
+        bandit.observe(b, arm, tokens, s, steps=steps, explored=explored)
 
 
 def row(bandit, b=1):
@@ -145,3 +146,20 @@ def test_a_drafting_arms_records_older_than_the_horizon_are_forgotten_and_it_is_
     assert bandit.state_dict()["buckets"][0]["arms"][FAST.name]["window"] == []
     feed(bandit, FAST, 4, 2, 0.010)
     assert row(bandit)["best"] == FAST.name
+
+
+def test_the_regret_allowance_grows_with_the_buckets_time_and_shrinks_by_explorations_extra_time():
+    bandit = BucketedBandit(ARMS, BanditConfig(min_samples=4, regret_budget=0.1))
+    feed(bandit, SLOW, 2, 1, 0.020, explored=True)  # before off has an estimate: not charged
+    assert row(bandit)["allowance"] == pytest.approx(0.1 * 0.04, abs=1.2e-3)
+    feed(bandit, OFF, 10, 1, 0.010)  # 100 tokens/s; ten steps of 10 ms
+    assert row(bandit)["allowance"] == pytest.approx(0.1 * 0.14, abs=1.2e-3)
+    bandit.observe(1, EVEN, 1, 0.030, explored=True)  # 20 ms more than off's for its one token
+    assert row(bandit)["allowance"] == pytest.approx(0.1 * 0.17 - 0.020, abs=1.2e-3)
+    bandit.observe(1, OFF, 1, 0.010, steps=64)  # a leased sample stands for 64 steps of its seconds
+    assert row(bandit)["allowance"] == pytest.approx(0.1 * 0.81 - 0.020, abs=1.2e-3)
+    bandit.observe(1, FAST, 2, 0.010, explored=True)  # quicker than off: costs nothing
+    assert row(bandit)["allowance"] == pytest.approx(0.1 * 0.82 - 0.020, abs=1.2e-3)
+    bandit.observe(1, OFF, 0, 0.0, steps=100)  # untimed (a lease without a sample): off's mean step each
+    assert row(bandit)["allowance"] == pytest.approx(0.1 * 1.82 - 0.020, abs=1.2e-3)
+    assert row(bandit, 64)["allowance"] == 0.0  # per bucket

@@ -82,13 +82,16 @@ def test_converges_to_the_faster_arm_at_small_batch_and_to_off_at_large_within_t
     assert all(s.asked for s in eng.log if s.batch_size == 1 and s.arm != "off")
 
 
-def test_a_rollout_too_short_to_pay_for_one_exploration_step_explores_nothing():
+def test_exploration_is_paid_from_an_allowance_that_carries_over_between_rollouts():
     bandit = BucketedBandit(ARMS, BanditConfig(regret_budget=0.01))
     eng = new_engine(bandit)
-    rollouts(bandit, [eng], 10, steps=30, sizes=(64,))  # 1% of a 30-step rollout is less than one step
+    rollouts(bandit, [eng], 1, steps=30, sizes=(64,))  # 1% of a 30-step rollout is less than one step
     assert {s.arm for s in eng.log} == {"off"}
-    rollouts(bandit, [eng], 2, steps=400, sizes=(64,))  # a long one pays for its probes
-    assert {X, Y} <= {s.arm for s in eng.log}
+    rollouts(bandit, [eng], 4, steps=30, sizes=(64,))  # ~100 steps' 1% pays for one step
+    first = next(k for k, s in enumerate(eng.log) if s.arm != "off")
+    assert 90 <= first < 150
+    extra, seconds = exploration_regret(eng, [eng.selector_table] * 5, bandit, 64, steps=30)
+    assert extra <= 0.01 * seconds + MODEL.mean_step_ms(BY_NAME[X], 64) / 1e3
 
 
 def test_a_slower_arm_is_banned_and_reprobed_with_exponential_back_off():

@@ -202,7 +202,7 @@ class Arm(_message.Message):
     def __init__(self, name: _Optional[str] = ..., drafter: _Optional[_Union[Drafter, str]] = ..., max_draft_tokens: _Optional[int] = ..., tree_width: _Optional[int] = ..., tree_depth: _Optional[int] = ...) -> None: ...
 
 class StrategyBucket(_message.Message):
-    __slots__ = ("bucket", "lo", "hi", "best", "explore", "probe", "guarded", "explore_p", "off_estimate", "free", "windows")
+    __slots__ = ("bucket", "lo", "hi", "best", "explore", "probe", "guarded", "explore_p", "off_estimate", "free", "windows", "allowance")
     BUCKET_FIELD_NUMBER: _ClassVar[int]
     LO_FIELD_NUMBER: _ClassVar[int]
     HI_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +214,7 @@ class StrategyBucket(_message.Message):
     OFF_ESTIMATE_FIELD_NUMBER: _ClassVar[int]
     FREE_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    ALLOWANCE_FIELD_NUMBER: _ClassVar[int]
     bucket: int
     lo: int
     hi: int
@@ -225,7 +226,8 @@ class StrategyBucket(_message.Message):
     off_estimate: float
     free: _containers.RepeatedScalarFieldContainer[str]
     windows: _containers.RepeatedCompositeFieldContainer[ArmWindow]
-    def __init__(self, bucket: _Optional[int] = ..., lo: _Optional[int] = ..., hi: _Optional[int] = ..., best: _Optional[str] = ..., explore: _Optional[_Iterable[str]] = ..., probe: _Optional[_Iterable[str]] = ..., guarded: _Optional[_Iterable[str]] = ..., explore_p: _Optional[_Iterable[float]] = ..., off_estimate: _Optional[float] = ..., free: _Optional[_Iterable[str]] = ..., windows: _Optional[_Iterable[_Union[ArmWindow, _Mapping]]] = ...) -> None: ...
+    allowance: float
+    def __init__(self, bucket: _Optional[int] = ..., lo: _Optional[int] = ..., hi: _Optional[int] = ..., best: _Optional[str] = ..., explore: _Optional[_Iterable[str]] = ..., probe: _Optional[_Iterable[str]] = ..., guarded: _Optional[_Iterable[str]] = ..., explore_p: _Optional[_Iterable[float]] = ..., off_estimate: _Optional[float] = ..., free: _Optional[_Iterable[str]] = ..., windows: _Optional[_Iterable[_Union[ArmWindow, _Mapping]]] = ..., allowance: _Optional[float] = ...) -> None: ...
 
 class ArmWindow(_message.Message):
     __slots__ = ("arm", "n", "tokens", "seconds", "tokens_sq", "tokens_seconds", "seconds_sq")
