@@ -34,7 +34,7 @@ from typing import Any
 from services.tuner.arms import OFF, Arm
 from services.tuner.settings import Settings, TunerConfigError, check_int, check_number
 
-STATE_FORMAT = 3
+STATE_FORMAT = 3  # 2: without the buckets' time and spent (loaded with an empty regret account)
 
 
 @dataclass
@@ -383,13 +383,13 @@ class BucketedBandit:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore ``state_dict()``. This bandit's config and arms win: arms absent from the state start untried,
-        others are ignored.
+        """Restore ``state_dict()`` (or a format-2 state: its buckets' regret accounts start empty). This bandit's
+        config and arms win: arms absent from the state start untried, others are ignored.
 
         Raises:
             TunerConfigError: another state format, or other bucket edges.
         """
-        if state.get("format") != STATE_FORMAT:
+        if state.get("format") not in (2, STATE_FORMAT):
             raise TunerConfigError(
                 f"unsupported tuner state format {state.get('format')!r} (want {STATE_FORMAT})"
             )
@@ -398,7 +398,7 @@ class BucketedBandit:
             raise TunerConfigError(f"state bucket_edges {edges} differ from this tuner's {self.edges}")
         for b, bst in zip(self._buckets, state["buckets"]):
             b.steps = int(bst["steps"])
-            b.time, b.spent = float(bst["time"]), float(bst["spent"])
+            b.time, b.spent = float(bst.get("time", 0.0)), float(bst.get("spent", 0.0))
             b.arms = {n: _Arm(self.cfg.window, bst["arms"].get(n), b.steps) for n in b.arms}
         self.version, self.dropped = int(state.get("version", 0)), int(state.get("dropped", 0))
 

@@ -120,6 +120,19 @@ def test_state_round_trips_through_json_and_rejects_other_bucket_edges():
         BucketedBandit(ARMS, BanditConfig(bucket_edges=[1, 8])).load_state_dict(state)
     with pytest.raises(TunerConfigError, match="format"):
         again.load_state_dict({**state, "format": 1})
+    # a format-2 state (no regret accounts) loads with empty accounts
+    old = {
+        **state,
+        "format": 2,
+        "buckets": [{"steps": b["steps"], "arms": b["arms"]} for b in state["buckets"]],
+    }
+    older, fresh = (
+        BucketedBandit(ARMS, BanditConfig(ban_steps=50)),
+        BucketedBandit(ARMS, BanditConfig(ban_steps=50)),
+    )
+    older.load_state_dict(old)
+    fresh.load_state_dict(state)
+    assert older.stats() == fresh.stats() and row(older)["allowance"] == 0.0 < row(fresh)["allowance"]
 
 
 def test_reset_arms_forgets_a_drafters_evidence_only():
