@@ -67,7 +67,8 @@ def prefix_chains(arm: Arm, arms: list[Arm]) -> list[Arm]:
 
 
 class _Account:
-    """One bucket's regret budget: its time, exploration's extra time, the seconds of its last best step."""
+    """One bucket's regret account under the current table (the table's ``allowance`` holds the earlier ones): its
+    time, exploration's extra time, the seconds of its last best step."""
 
     __slots__ = ("time", "spent", "step")
 
@@ -134,7 +135,7 @@ class StrategySelector:
             {n: prefix_chains(self._arms[n], [self._arms[m] for m in names]) for n in names}
             for names in self._playable
         ]
-        self._accounts: dict[int, _Account] = {}  # each table's (rollout's) exploration has its own budget
+        self._accounts: dict[int, _Account] = {}  # this table's exploration; earlier ones are in its allowance
 
     def _bucket_of(self, n: int) -> int:
         return max(0, bisect.bisect_right(self.edges, n) - 1)
