@@ -135,7 +135,7 @@ class StrategySelector:
             {n: prefix_chains(self._arms[n], [self._arms[m] for m in names]) for n in names}
             for names in self._playable
         ]
-        self._accounts: dict[int, _Account] = {}  # this table's exploration; earlier ones are in its allowance
+        self._accounts: dict[int, _Account] = {}  # this table's (earlier: the allowance)
 
     def _bucket_of(self, n: int) -> int:
         return max(0, bisect.bisect_right(self.edges, n) - 1)
