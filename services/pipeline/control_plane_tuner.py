@@ -16,7 +16,7 @@ from services.common.metrics import bucket_label
 from services.common.ray_utils import ActorPool
 from services.pipeline.faults import actor_died, unavailable
 from services.rollout_actor.shard import ShardResult
-from services.tuner.bandit import gate_table
+from services.tuner.bandit import gate_table, share_allowance
 from services.tuner.grpc_service import TunerClient
 from services.tuner.service import TunerService
 
@@ -58,8 +58,10 @@ class ControlPlaneTuner:
         return learned
 
     def strategy_table(self) -> dict:
-        """The tuner's merged table, gated (``gated_drafters``)."""
-        return gate_table(self.tuner_client.table(), self.gated_drafters())
+        """The tuner's merged table, gated (``gated_drafters``), each rollout actor's share of its regret
+        allowance (``share_allowance``)."""
+        table = gate_table(self.tuner_client.table(), self.gated_drafters())
+        return share_allowance(table, 1.0 / max(1, self.cfg.rollout.num_actors))
 
     def restart_tuner(self, why: str) -> bool:
         """A fresh tuner actor, resumed from its own checkpoint (``checkpoints/tuner_state.json``, written at

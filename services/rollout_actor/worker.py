@@ -42,6 +42,7 @@ from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy,
 from services.spot_trainer.buffer import Frame
 from services.spot_trainer.stream import HiddenStateSender
 from services.spot_trainer.trainer import load_published
+from services.tuner.bandit import share_allowance
 from services.tuner.budgets import BudgetConfig
 from services.tuner.grpc_service import TunerClient
 from services.tuner.selector import StrategySelector as TunedSelector
@@ -361,9 +362,13 @@ class RolloutWorker:
             self.server.stop()
 
     def _replay_selector(self) -> StrategySelector:
+        """The live selector's copy with its table as the rollout started, no regret allowance (a short replay
+        would spend in a second what the live rollout spends over its length: ``share_allowance``)."""
         if self.tuned is None:
             return FixedStrategy(self.strategy)
-        return copy.deepcopy(self.tuned)
+        replay = copy.deepcopy(self.tuned)
+        replay.update_table(share_allowance(self.tuned.table, 0.0))
+        return replay
 
     def _new_engine(self, drafters: dict, selector: StrategySelector) -> Engine:
         return Engine(

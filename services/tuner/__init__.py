@@ -6,7 +6,7 @@ Plain Python (no Ray); the Ray actor and gRPC faces stay thin layers over these 
 """
 
 from services.tuner.arms import OFF, Arm, Drafter, TunerConfigError, default_arms, parse_arms
-from services.tuner.bandit import BanditConfig, BucketedBandit, gate_table
+from services.tuner.bandit import BanditConfig, BucketedBandit, gate_table, share_allowance
 from services.tuner.budgets import BudgetConfig, LengthBudgets, LengthHistory
 
 __all__ = [
@@ -22,4 +22,5 @@ __all__ = [
     "default_arms",
     "gate_table",
     "parse_arms",
+    "share_allowance",
 ]

@@ -403,6 +403,15 @@ class BucketedBandit:
         self.version, self.dropped = int(state.get("version", 0)), int(state.get("dropped", 0))
 
 
+def share_allowance(table: Mapping[str, Any], fraction: float) -> dict[str, Any]:
+    """A copy of ``table`` with each bucket's ``allowance`` scaled by ``fraction``. The allowance is the bucket's
+    whole regret budget: rollout actors that play one table charge their explorations to the same buckets, so
+    each of n gets ``1 / n`` of it; a replay of a sample (``measure_speedup``) gets none and explores only
+    within ``regret_budget`` of its own time."""
+    buckets = [{**b, "allowance": b.get("allowance", 0.0) * fraction} for b in table["buckets"]]
+    return {**table, "buckets": buckets}
+
+
 def gate_table(table: Mapping[str, Any], drafters: Iterable[str]) -> dict[str, Any]:
     """A copy of ``table`` in which no bucket plays an arm of ``drafters``: they leave ``explore`` and ``probe``,
     a ``best`` among them becomes ``off``, and each bucket lists them under ``gated``. Used to keep an untrained

@@ -70,6 +70,20 @@ def test_control_plane_gates_until_the_head_is_good_enough():
     assert _plane(0.5, ("suffix", "ngram")).gated_drafters() == []  # no learned drafter: nothing to gate
 
 
+def test_control_plane_gives_each_rollout_actor_its_share_of_the_regret_allowance():
+    bandit = _bandit()
+    cfg = load_config(None, ["rollout.num_actors=3"])
+    plane = ControlPlane(cfg, Path("."), Path("."), None, ["suffix"], run_info=dict)
+
+    class Tuner:  # the tuner actor's client: its merged table
+        def table(self):
+            return bandit.table()
+
+    plane.tuner_client = Tuner()
+    full = bandit.table()["buckets"][0]["allowance"]
+    assert full > 0 and plane.strategy_table()["buckets"][0]["allowance"] == pytest.approx(full / 3)
+
+
 def test_bad_threshold_is_a_config_error():
     with pytest.raises(ConfigError, match="tuner.learned_min_top1"):
         load_config(None, ["tuner.learned_min_top1=1.5"])

@@ -9,7 +9,7 @@ import pytest
 from services.rollout_actor.speculative.base import DraftRequest
 from services.rollout_actor.speculative.strategy import StepObservation
 from services.tuner.arms import TunerConfigError, parse_arms
-from services.tuner.bandit import BanditConfig, BucketedBandit
+from services.tuner.bandit import BanditConfig, BucketedBandit, share_allowance
 from services.tuner.budgets import BudgetConfig
 from services.tuner.selector import StrategySelector
 from tests.tuner.sim import ArmProfile, CostModel, SimEngine
@@ -92,6 +92,23 @@ def test_exploration_is_paid_from_an_allowance_that_carries_over_between_rollout
     assert 90 <= first < 150
     extra, seconds = exploration_regret(eng, [eng.selector_table] * 5, bandit, 64, steps=30)
     assert extra <= 0.01 * seconds + MODEL.mean_step_ms(BY_NAME[X], 64) / 1e3
+
+
+def test_actors_sharing_a_table_split_its_allowance_and_a_replay_gets_none():
+    bandit = BucketedBandit(ARMS, BanditConfig(regret_budget=0.01))
+    eng = new_engine(bandit)
+    rollouts(bandit, [eng], 3, steps=400, sizes=(64,))  # X and Y judged; an allowance built up at batch 64
+    table = bandit.table()
+    allowance = table["buckets"][bandit.bucket_of(64)]["allowance"]
+    halves = share_allowance(table, 0.5)
+    assert halves["buckets"][bandit.bucket_of(64)]["allowance"] == pytest.approx(allowance / 2)
+    assert table["buckets"][bandit.bucket_of(64)]["allowance"] == allowance  # the table is not modified
+    explored = {}
+    for name, t in (("whole", table), ("none", share_allowance(table, 0.0))):
+        e = SimEngine(StrategySelector(t, clock="engine"), MODEL, seed=5)
+        e.run([64] * 30)
+        explored[name] = sum(s.arm != "off" for s in e.log)
+    assert explored["none"] == 0 < explored["whole"], explored
 
 
 def test_a_slower_arm_is_banned_and_reprobed_with_exponential_back_off():
