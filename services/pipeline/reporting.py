@@ -186,7 +186,10 @@ class Progress:
             msg += f"  tau {r['acceptance_length_mean']:.2f}"
         if r.get("long_tail_speedup_vs_plain"):
             msg += f"  tail x{r['long_tail_speedup_vs_plain']:.2f}"
-        (self.console.print if self.console is not None else print)(msg)
+        if self.console is not None:
+            self.console.print(msg, soft_wrap=True)  # one line per step, however wide the terminal or log
+        else:
+            print(msg)
 
     def close(self) -> None:
         pass
