@@ -229,10 +229,9 @@ class BucketedBandit:
             if st is None:
                 self.dropped += 1
                 continue
-            if i not in touched:
-                row = self._row(i)
-                est = row["windows"].get(row["best"])
-                touched[i] = (bucket, estimate_from_sums(est[0], est[1:], 2)[0] if est else None)
+            if i not in touched:  # the best's throughput as the table stands (None: no estimate)
+                est = bucket.arms[self._row(i)["best"]].window.estimate(self.cfg.min_samples)
+                touched[i] = (bucket, est[0] if est else None)
             steps, taken = max(1, int(ob.get("steps") or 1)), taken + 1
             tokens, seconds, rate = float(ob["committed_tokens"]), float(ob["seconds"]), touched[i][1]
             bucket.steps += steps
