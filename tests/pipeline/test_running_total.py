@@ -12,6 +12,7 @@ from services.pipeline.tasks.running_total import (
     DEFAULT_DIR,
     HASTY_RATE,
     LENGTH_MIX,
+    SFT_LENGTH_MIX,
     Problem,
     dataset_rows,
     generate_problems,
@@ -121,3 +122,19 @@ def test_base_model_recipe_for_the_task(tmp_path):
     tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
     assert tok.encode("47+8=55").tokens == ["4", "7", "+", "8", "=", "5", "5"]
     assert _json.loads((tmp_path / "recipe.json").read_text())["recipe"]["split_digits"] is True
+
+
+def test_sft_data_has_more_long_chains_than_the_rl_prompts():
+    """The base policy learns to copy long lines from sft.jsonl's long chains; train / test keep the RL mix."""
+
+    def long_share(split: str) -> float:
+        rows = load_gsm8k(DEFAULT_DIR / f"{split}.jsonl")
+        return sum(len(_ops(e.question)) >= 11 for e in rows) / len(rows)
+
+    assert long_share("sft") > 3 * long_share("train") > 0
+    assert abs(long_share("sft") - SFT_LENGTH_MIX[-1][0]) < 0.02
+    assert abs(long_share("train") - LENGTH_MIX[-1][0]) < 0.01
+
+
+def _ops(question: str) -> list[str]:
+    return [c for c in question[1:] if c in "+-"]

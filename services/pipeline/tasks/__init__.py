@@ -21,11 +21,11 @@ BASE_RECIPES: dict[str, dict] = {
         "split_digits": True,
         "vocab_size": 320,
         "max_position_embeddings": 512,
-        "steps": 3600,
+        "steps": 6000,
         "batch_size": 16,
         "lr": 1.5e-3,
         "prompt_loss_weight": 0.0,  # the prompts are random digits: nothing to learn
-        "num_threads": 1,
+        "num_threads": 2,
     },
 }
 

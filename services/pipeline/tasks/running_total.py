@@ -25,7 +25,9 @@ seeds:
 
 - ``train.jsonl``: RL prompts with their correct worked answers;
 - ``test.jsonl``: the fixed held-out evaluation set (disjoint from ``train.jsonl`` and ``sft.jsonl``);
-- ``sft.jsonl``: the supervised data of the base policy, written by a *hasty teacher* that, on ``hasty_rate``
+- ``sft.jsonl``: the supervised data of the base policy, with more long chains (``SFT_LENGTH_MIX``: 20% have
+  11-14 operations), so that the base policy copies a long line's rest and sums as exactly as a short
+  one's, written by a *hasty teacher* that, on ``hasty_rate``
   (default 0.6) of the problems, stops after the first line and gives its sum as the total
   (``47+8=55 -3+9`` then ``#### 55``). The base policy imitates both habits, so after its first line it
   usually answers too early (greedy decoding always does) and is wrong. The choice is one token (``####``
@@ -60,6 +62,9 @@ NAME = "running_total"
 DEFAULT_DIR = DATA_ROOT / NAME
 # chain-length mixture: (probability, min ops, max ops) -- most short, some medium, a few long
 LENGTH_MIX: tuple[tuple[float, int, int], ...] = ((0.80, 2, 5), (0.17, 6, 10), (0.03, 11, 14))
+# sft.jsonl's mixture: more long chains, so that the base policy copies a long line's rest as exactly as a
+# short one's (with LENGTH_MIX it copies the rest of a 6+ operation chain at p ~0.65 a token)
+SFT_LENGTH_MIX: tuple[tuple[float, int, int], ...] = ((0.45, 2, 5), (0.35, 6, 10), (0.20, 11, 14))
 SEEDS = {"train": 1, "test": 2, "sft": 3}
 SIZES = {"train": 4000, "test": 500, "sft": 30000}
 HASTY_RATE = 0.6  # the hasty teacher stops after the first line on this share of sft.jsonl
@@ -79,20 +84,21 @@ class Problem:
         return self.start + sum(self.ops)
 
 
-def _num_ops(rng: random.Random) -> int:
+def _num_ops(rng: random.Random, mix: tuple[tuple[float, int, int], ...]) -> int:
     u = rng.random()
-    for p, lo, hi in LENGTH_MIX:
+    for p, lo, hi in mix:
         if u < p:
             return rng.randint(lo, hi)
         u -= p
-    return rng.randint(LENGTH_MIX[-1][1], LENGTH_MIX[-1][2])
+    return rng.randint(mix[-1][1], mix[-1][2])
 
 
-def generate_problem(rng: random.Random) -> Problem:
-    """One problem from ``rng``: start in 10..99, 2-14 operations, running total always in 0..99."""
+def generate_problem(rng: random.Random, mix: tuple[tuple[float, int, int], ...] = LENGTH_MIX) -> Problem:
+    """One problem from ``rng``: start in 10..99, 2-14 operations (drawn from ``mix``: (probability, min,
+    max) ranges), running total always in 0..99."""
     total = start = rng.randint(10, 99)
     ops = []
-    for _ in range(_num_ops(rng)):
+    for _ in range(_num_ops(rng, mix)):
         d = rng.randint(1, 9)
         signs = [s for s in (1, -1) if 0 <= total + s * d <= 99]
         op = rng.choice(signs) * d
@@ -148,7 +154,7 @@ def dataset_rows(hasty_rate: float = HASTY_RATE, sizes: dict | None = None) -> d
         rng = random.Random(SEEDS[split])
         probs: list[Problem] = []
         while len(probs) < sizes[split]:
-            p = generate_problem(rng)
+            p = generate_problem(rng, SFT_LENGTH_MIX if split == "sft" else LENGTH_MIX)
             if p.question not in held:
                 probs.append(p)
         out[split] = _rows(probs, hasty_rate if split == "sft" else None, seed=SEEDS[split] + 100)
