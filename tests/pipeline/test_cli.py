@@ -3,7 +3,6 @@ no summary.json."""
 
 import json
 import shutil
-
 import statistics
 
 import pytest
