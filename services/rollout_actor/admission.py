@@ -57,6 +57,9 @@ class AdmissionMixin:
             u_pos = torch.rand(req.params.max_new_tokens + 1, generator=gen)
             key = tuple(req.prompt_ids)
             r = RunningRequest(req=req, slot=self._take_slot(key), gen=gen, u_pos=u_pos)
+            r.to_sink = self.hidden_sink is not None and (
+                self.hidden_filter is None or bool(self.hidden_filter(req.request_id))
+            )
             r.timings.arrival_s = arrival
             new.append(r)
             keys.append(key)

@@ -108,7 +108,10 @@ class Engine(AdmissionMixin):
             the final normed state). Empty: no hidden states are kept.
         hidden_sink: optional callback ``(request_id, positions [n], tokens [n], hidden [n, k, H])`` receiving,
             for every committed position, the token read there and the target hidden states after reading it
-            (the spot trainer's buffer feeds on it; prompt positions are not reported).
+            (the spot trainer's buffer feeds on it; prompt positions are not reported). ``hidden`` is a fresh
+            tensor the engine does not touch again.
+        hidden_filter: optional ``request_id -> bool``, asked once per request at admission: only the requests
+            it accepts go to ``hidden_sink`` (None: every request). The others cost the sink nothing.
         seed: base seed for requests without their own.
         cuda_graphs: replay the decode / verify forwards from a ``CudaGraphPool`` (one extra KV-cache slot
             takes the padding rows). None: on when the model is on CUDA. True on a non-CUDA model raises
@@ -137,6 +140,7 @@ class Engine(AdmissionMixin):
         selector: StrategySelector | None = None,
         hidden_layers: Sequence[int] = (),
         hidden_sink: Callable[..., None] | None = None,
+        hidden_filter: Callable[[str], bool] | None = None,
         seed: int = 0,
         cuda_graphs: bool | None = None,
         cuda_graph_memory_bytes: int = 1 << 30,
@@ -158,6 +162,7 @@ class Engine(AdmissionMixin):
         self.cpu_clock = bool(cpu_clock)
         self.hidden_layers = tuple(hidden_layers)
         self.hidden_sink = hidden_sink
+        self.hidden_filter = hidden_filter
         self.seed = seed
         self._seed_counter = itertools.count()
         self.device = next(model.parameters()).device
@@ -514,7 +519,8 @@ class Engine(AdmissionMixin):
         for r, ri, c in zip(rows, rows_idx, contiguous):
             if not c:
                 self.cache.keep_path(r.slot, ri)
-        hid = last_hid = None
+        last_hid = None
+        to_sink: dict[int, torch.Tensor] = {}  # row -> [len(ri), k, H], the rows whose request feeds the sink
         if self.hidden_layers:
             # each row's state after its last committed token (what the learned drafter reads next), picked
             # for the whole batch at once: [B, H] (one layer) or [B, k, H], one view per row
@@ -522,8 +528,12 @@ class Engine(AdmissionMixin):
             at = (torch.arange(len(rows), device=dev), torch.tensor([ri[-1] for ri in rows_idx], device=dev))
             picked = [h[at] for h in hs]
             last_hid = (picked[0] if len(picked) == 1 else torch.stack(picked, 1)).unbind(0)
-            if self.hidden_sink is not None:
-                hid = torch.stack(hs, 2)  # [B, n+1, k, H]
+            sink_rows = [i for i, r in enumerate(rows) if r.to_sink]
+            if sink_rows:  # every committed position of those rows, gathered at once: [N, k, H]
+                b = torch.tensor([i for i in sink_rows for _ in rows_idx[i]], device=dev)
+                p = torch.tensor([x for i in sink_rows for x in rows_idx[i]], device=dev)
+                parts = torch.stack([h[b, p] for h in hs], 1).split([len(rows_idx[i]) for i in sink_rows])
+                to_sink = dict(zip(sink_rows, parts))
         finished: list[RequestOutput] = []
         committed = drafted = accepted = off = 0
         for i, (r, d, s) in enumerate(zip(rows, drafts, batch.strategies)):
@@ -532,16 +542,16 @@ class Engine(AdmissionMixin):
             off += len(tk)
             if last_hid is not None:
                 r.hidden = last_hid[i]
-                if hid is not None:
-                    # committed positions, the token read at each (root, accepted nodes), and the hidden
-                    # state after reading it: EAGLE's (token_t, feature_t) rows, consecutive per request
-                    start = int(batch.base[i])
-                    self.hidden_sink(
-                        r.req.request_id,
-                        list(range(start, start + len(ri))),
-                        [batch.id_rows[i][j] for j in ri],
-                        hid[i, ri],
-                    )
+            if i in to_sink:
+                # committed positions, the token read at each (root, accepted nodes), and the hidden state
+                # after reading it: EAGLE's (token_t, feature_t) rows, consecutive per request
+                start = int(batch.base[i])
+                self.hidden_sink(
+                    r.req.request_id,
+                    list(range(start, start + len(ri))),
+                    [batch.id_rows[i][j] for j in ri],
+                    to_sink[i],
+                )
             record_spec(r.spec, d, s.drafter, len(path))
             r.timings.decode_steps += 1
             before = len(r.tokens)

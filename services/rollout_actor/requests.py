@@ -94,6 +94,7 @@ class RunningRequest:
     logprobs: list[float] = field(default_factory=list)
     root: int = -1  # last sampled token, not yet in the KV cache
     hidden: torch.Tensor | None = None  # target hidden state(s) of the position that produced ``root``
+    to_sink: bool = False  # its committed positions' hidden states go to the engine's ``hidden_sink``
     timings: RequestTimings = field(default_factory=RequestTimings)
     spec: SpecCounters = field(default_factory=SpecCounters)
     finish_reason: str | None = None

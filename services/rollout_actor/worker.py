@@ -47,8 +47,6 @@ from services.tuner.budgets import BudgetConfig
 from services.tuner.grpc_service import TunerClient
 from services.tuner.selector import StrategySelector as TunedSelector
 
-_UNDECIDED = object()  # a request whose hidden-state streaming is not decided yet
-
 
 class _LiveStepLog(list):
     """``Engine.step_log`` that also hands each decode step's active batch size to ``on_step`` (the live
@@ -380,6 +378,7 @@ class RolloutWorker:
             selector=selector,
             hidden_layers=self.hidden_layers if "learned" in drafters else (),
             hidden_sink=self.hidden_sink if "learned" in drafters else None,
+            hidden_filter=self._streams,
         )
 
     # ------------------------------------------------------------------ hidden states -> spot trainer
@@ -400,7 +399,7 @@ class RolloutWorker:
         if getattr(self, "_sender", None) is not None:  # re-pointed after a replica restart
             self._sender.close()
         self._sender = HiddenStateSender(address, hwm=1024, token=token)
-        self._pending_hidden: dict[str, list | None] = {}  # None: a request that is not streamed
+        self._pending_hidden: dict[str, list] = {}  # request id -> its parts so far (streamed requests only)
         self.hidden_sink = self._collect_hidden
         self.engine = self._new_engine(self.drafters, self.engine.selector)
         return True
@@ -408,13 +407,12 @@ class RolloutWorker:
     hidden_sink = None
     _stream_fraction = 1.0
 
+    def _streams(self, request_id: str) -> bool:
+        """The engine's ``hidden_filter``: whether this request's hidden states are streamed."""
+        return streams_hidden(request_id, self._stream_fraction)
+
     def _collect_hidden(self, request_id: str, positions: list[int], tokens: list[int], hidden) -> None:
-        parts = self._pending_hidden.get(request_id, _UNDECIDED)
-        if parts is _UNDECIDED:  # decided once per request (None: not streamed), dropped at its finish
-            parts = [] if streams_hidden(request_id, self._stream_fraction) else None
-            self._pending_hidden[request_id] = parts
-        if parts is not None:
-            parts.append((positions, tokens, hidden.clone()))
+        self._pending_hidden.setdefault(request_id, []).append((positions, tokens, hidden))
 
     def _flush_hidden(self, out) -> None:
         parts = self._pending_hidden.pop(out.request_id, None) if self.hidden_sink else None

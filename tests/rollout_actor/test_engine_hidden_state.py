@@ -73,3 +73,47 @@ def test_kept_hidden_state_is_the_state_after_the_last_committed_token(layers):
             torch.testing.assert_close(r.hidden, want, atol=1e-4, rtol=1e-4)
     # the batch mixed full acceptance (3 drafts + bonus) and immediate rejection (bonus only)
     assert {1, 4} <= accepted_counts
+
+
+def test_hidden_sink_gets_every_committed_position_of_the_requests_the_filter_accepts():
+    """``hidden_filter`` picks the requests whose hidden states reach ``hidden_sink`` (asked once per request);
+    each row the sink gets is the target's state after reading that position's token (teacher-forced), the
+    positions are consecutive and cover the whole output, whatever the drafts accepted."""
+    torch.manual_seed(0)
+    layers = (1, 3)
+    target = init_weights(Transformer(tiny_config(num_hidden_layers=3, vocab_size=64)), seed=3).eval()
+    got: dict[str, list] = {}
+    asked: list[str] = []
+
+    def accept(rid: str) -> bool:
+        asked.append(rid)
+        return rid in ("r0", "r1")
+
+    eng = Engine(
+        target,
+        max_batch_size=4,
+        max_seq_len=64,
+        eos_token_ids=[],
+        drafters={"oracle": OracleForSomeDrafter(target)},
+        selector=FixedStrategy(Strategy("oracle", 3)),
+        hidden_layers=layers,
+        hidden_sink=lambda rid, pos, toks, h: got.setdefault(rid, []).append((pos, toks, h)),
+        hidden_filter=accept,
+    )
+    prompts = [[5, 9, 2], [7, 1], [3, 3, 8, 1], [11, 4, 6]]
+    params = SamplingParams(temperature=0.0, max_new_tokens=10)
+    reqs = [GenerationRequest(f"r{i}", p, params) for i, p in enumerate(prompts)]
+    outs = eng.generate(reqs)
+    assert sorted(asked) == ["r0", "r1", "r2", "r3"] and sorted(got) == ["r0", "r1"]
+    for rid in got:
+        i = int(rid[1:])
+        seq = prompts[i] + outs[i].token_ids
+        pos = [p for ps, _, _ in got[rid] for p in ps]
+        toks = [t for _, ts, _ in got[rid] for t in ts]
+        hid = torch.cat([h for _, _, h in got[rid]])  # [n, k, H]
+        assert pos == list(range(len(prompts[i]), len(seq) - 1))  # every output token the target has read
+        assert toks == [seq[p] for p in pos]
+        with torch.inference_mode():
+            ref = target(torch.tensor([seq[:-1]]), hidden_layers=layers).hidden
+        want = torch.stack([ref[j][0, pos] for j in layers], 1)
+        torch.testing.assert_close(hid, want, atol=1e-4, rtol=1e-4)
