@@ -2,10 +2,13 @@
 seed and prompts, over several steps; step-time breakdown (rollout, reward, policy update, weight sync, drafter
 training in bubbles) and the end-to-end speedup (ratio of total step time).
 
-    python -m benchmarks.rl_step_e2e [--steps 4] [--pairs 2] [--warm-tuner-steps 4] [--config FILE]
-        [--out benchmarks/results] [dotted.key=value ...]
+    python -m benchmarks.rl_step_e2e [--steps 12] [--pairs 2] [--warm-tuner-steps 4] [--config FILE]
+        [--out benchmarks/results] [--name rl_step_e2e] [dotted.key=value ...]
 
-The runs train ``--config`` (default: ``make run``'s, ``configs/running_total_tiny.yaml``).
+The runs train ``--config`` (default: ``make run``'s, ``configs/running_total_tiny.yaml``: 16 of its 64
+problems per step, so from step 5 on every problem has earlier responses for the suffix drafter). Overrides
+apply to every system: ``spot.enabled=false --name rl_step_e2e_no_spot`` measures speculation without
+bubble training.
 
 Systems: speculation off; ``adaptive`` (tuner + drafters + bubble training, a cold tuner); ``adaptive_warm``
 (the same, its tuner started from the state an unmeasured ``--warm-tuner-steps``-step run on other prompts
@@ -132,7 +135,7 @@ def plot(res: dict, path: Path) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--pairs", type=int, default=2, help="rounds of runs (one per system each), ABBA order")
     ap.add_argument(
         "--warm-tuner-steps",
@@ -142,6 +145,7 @@ def main(argv=None) -> None:
     )
     ap.add_argument("--config", type=Path, default=MAKE_RUN_CONFIG, help="run config (default: make run's)")
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--name", default="rl_step_e2e", help="output file stem (<out>/<name>.json, .png)")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args(argv)
     if a.pairs < 1 or a.steps < 1 or a.warm_tuner_steps < 0:
@@ -197,8 +201,8 @@ def main(argv=None) -> None:
             "warmup_steps": a.warm_tuner_steps,
             "warmup_seed": WARMUP_SEED,
         }
-    (out / "rl_step_e2e.json").write_text(json.dumps(res, indent=2) + "\n")
-    plot(res, out / "rl_step_e2e.png")
+    (out / f"{a.name}.json").write_text(json.dumps(res, indent=2) + "\n")
+    plot(res, out / f"{a.name}.png")
     print(
         json.dumps(
             {
