@@ -85,6 +85,7 @@ from services.rollout_actor.verify_step import (
     VerifyBatch,
     build_verify_batch,
     chain_accepted,
+    committed_hidden,
     fit_drafts,
     point_masses,
     propose_drafts,
@@ -519,21 +520,10 @@ class Engine(AdmissionMixin):
         for r, ri, c in zip(rows, rows_idx, contiguous):
             if not c:
                 self.cache.keep_path(r.slot, ri)
-        last_hid = None
-        to_sink: dict[int, torch.Tensor] = {}  # row -> [len(ri), k, H], the rows whose request feeds the sink
+        last_hid, to_sink = None, {}
         if self.hidden_layers:
-            # each row's state after its last committed token (what the learned drafter reads next), picked
-            # for the whole batch at once: [B, H] (one layer) or [B, k, H], one view per row
             hs = [out.hidden[layer] for layer in self.hidden_layers]  # each [B, n+1, H]
-            at = (torch.arange(len(rows), device=dev), torch.tensor([ri[-1] for ri in rows_idx], device=dev))
-            picked = [h[at] for h in hs]
-            last_hid = (picked[0] if len(picked) == 1 else torch.stack(picked, 1)).unbind(0)
-            sink_rows = [i for i, r in enumerate(rows) if r.to_sink]
-            if sink_rows:  # every committed position of those rows, gathered at once: [N, k, H]
-                b = torch.tensor([i for i in sink_rows for _ in rows_idx[i]], device=dev)
-                p = torch.tensor([x for i in sink_rows for x in rows_idx[i]], device=dev)
-                parts = torch.stack([h[b, p] for h in hs], 1).split([len(rows_idx[i]) for i in sink_rows])
-                to_sink = dict(zip(sink_rows, parts))
+            last_hid, to_sink = committed_hidden(hs, rows_idx, [i for i, r in enumerate(rows) if r.to_sink])
         finished: list[RequestOutput] = []
         committed = drafted = accepted = off = 0
         for i, (r, d, s) in enumerate(zip(rows, drafts, batch.strategies)):

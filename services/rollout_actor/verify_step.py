@@ -6,7 +6,8 @@ nodes in tree order, the rest padding (token 0, causal). Trees get per-row rotar
 and an ancestor attention mask; chains and padding need neither (causal order is their tree order).
 ``fit_drafts`` cuts drafts so that no row writes past its KV-cache slot. ``point_masses`` writes the trace
 replay targets; ``record_spec`` counts a verified draft in a request's ``SpecCounters``; ``chain_accepted``
-says what a draft's first-child chain had accepted (the tuner's counterfactual records).
+says what a draft's first-child chain had accepted (the tuner's counterfactual records); ``committed_hidden``
+picks the hidden states of the committed positions.
 """
 
 from __future__ import annotations
@@ -107,6 +108,26 @@ def point_masses(probs: torch.Tensor, rows: list[int], targets: list[list[int]])
     probs[
         torch.tensor(idx_b, device=dev), torch.tensor(idx_r, device=dev), torch.tensor(idx_t, device=dev)
     ] = 1
+
+
+def committed_hidden(
+    hs: list[torch.Tensor], rows_idx: list[list[int]], sink_rows: list[int]
+) -> tuple[tuple[torch.Tensor, ...], dict[int, torch.Tensor]]:
+    """Hidden states after a verify forward, from ``hs`` (one ``[B, N+1, H]`` per kept layer, k layers) and each
+    row's committed input rows ``rows_idx[b]`` (root first). Returns each row's state after its last committed
+    token (what the learned drafter reads next; ``[H]`` for one layer, else ``[k, H]``), and for each row of
+    ``sink_rows`` the states of all its committed positions, ``[len(rows_idx[b]), k, H]``, gathered in one
+    indexing op (fresh tensors)."""
+    dev = hs[0].device
+    at = (torch.arange(len(rows_idx), device=dev), torch.tensor([ri[-1] for ri in rows_idx], device=dev))
+    picked = [h[at] for h in hs]
+    last = (picked[0] if len(picked) == 1 else torch.stack(picked, 1)).unbind(0)
+    if not sink_rows:
+        return last, {}
+    b = torch.tensor([i for i in sink_rows for _ in rows_idx[i]], device=dev)
+    p = torch.tensor([x for i in sink_rows for x in rows_idx[i]], device=dev)
+    parts = torch.stack([h[b, p] for h in hs], 1).split([len(rows_idx[i]) for i in sink_rows])
+    return last, dict(zip(sink_rows, parts))
 
 
 def chain_accepted(d: DraftTree, path: list[int]) -> int:
