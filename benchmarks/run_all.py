@@ -268,9 +268,8 @@ def write_summary(results: Path, status: dict[str, dict]) -> Path:
     e2e = results / "rl_step_e2e.json"
     if "rl_step_e2e" in status and e2e.is_file():
         parts.append(e2e_markdown(e2e))
-        no_spot = (
-            results / "rl_step_e2e_no_spot.json"
-        )  # the same with spot.enabled=false (docs/benchmarks.md)
+        # the same benchmark with spot.enabled=false (docs/benchmarks.md)
+        no_spot = results / "rl_step_e2e_no_spot.json"
         if no_spot.is_file():
             d = json.loads(no_spot.read_text())
             parts.append(
