@@ -136,7 +136,9 @@ class SpotTrainerService:
         nice: CPU priority (Linux nice increment, 0..19) of each grant's training thread. Bubble training
             must only take cycles the critical path does not want: where the "idle" worker shares cores with
             rollout actors or the policy trainer (a CPU machine), a niced thread yields to them, and runs at
-            full speed on a core that is really idle. 0: the process's own priority. The stream receiver
+            full speed on a core that is really idle. Ray starts its workers at nice 15, so under Ray the thread
+            reaches 19: a 15:36 CPU share against a rollout actor, not a full yield. 0: the process's own
+            priority. The stream receiver
             thread keeps the normal priority (it is cheap, and a starved receiver would drop frames).
         address: ZeroMQ endpoint the hidden-state receiver binds (``tcp://127.0.0.1:*`` = any free port).
         stream_host: instead of ``address``: a ``grpc.host`` value (``node``, ``auto``, a wildcard, an IP;
