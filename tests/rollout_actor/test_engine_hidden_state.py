@@ -40,19 +40,20 @@ class OracleForSomeDrafter(Drafter):
         return out
 
 
-@pytest.mark.parametrize("layers", [(3,), (1, 3)])
-def test_kept_hidden_state_is_the_state_after_the_last_committed_token(layers):
+def _oracle_engine(layers: tuple[int, ...], **kw) -> tuple[Transformer, Engine]:
+    """A seeded 3-layer target and an engine drafting with ``OracleForSomeDrafter`` (3 tokens), keeping
+    ``layers``' hidden states; ``kw``: more ``Engine`` arguments."""
     torch.manual_seed(0)
     target = init_weights(Transformer(tiny_config(num_hidden_layers=3, vocab_size=64)), seed=3).eval()
-    eng = Engine(
-        target,
-        max_batch_size=4,
-        max_seq_len=64,
-        eos_token_ids=[],
-        drafters={"oracle": OracleForSomeDrafter(target)},
-        selector=FixedStrategy(Strategy("oracle", 3)),
-        hidden_layers=layers,
-    )
+    drafters = {"oracle": OracleForSomeDrafter(target)}
+    selector = FixedStrategy(Strategy("oracle", 3))
+    eng = Engine(target, 4, 64, [], drafters=drafters, selector=selector, hidden_layers=layers, **kw)
+    return target, eng
+
+
+@pytest.mark.parametrize("layers", [(3,), (1, 3)])
+def test_kept_hidden_state_is_the_state_after_the_last_committed_token(layers):
+    target, eng = _oracle_engine(layers)
     prompts = [[5, 9, 2], [7, 1], [3, 3, 8, 1], [11, 4, 6]]
     for i, p in enumerate(prompts):
         eng.add_request(GenerationRequest(f"r{i}", p, SamplingParams(temperature=0.0, max_new_tokens=12)))
@@ -79,9 +80,7 @@ def test_hidden_sink_gets_every_committed_position_of_the_requests_the_filter_ac
     """``hidden_filter`` picks the requests whose hidden states reach ``hidden_sink`` (asked once per request);
     each row the sink gets is the target's state after reading that position's token (teacher-forced), the
     positions are consecutive and cover the whole output, whatever the drafts accepted."""
-    torch.manual_seed(0)
     layers = (1, 3)
-    target = init_weights(Transformer(tiny_config(num_hidden_layers=3, vocab_size=64)), seed=3).eval()
     got: dict[str, list] = {}
     asked: list[str] = []
 
@@ -89,14 +88,8 @@ def test_hidden_sink_gets_every_committed_position_of_the_requests_the_filter_ac
         asked.append(rid)
         return rid in ("r0", "r1")
 
-    eng = Engine(
-        target,
-        max_batch_size=4,
-        max_seq_len=64,
-        eos_token_ids=[],
-        drafters={"oracle": OracleForSomeDrafter(target)},
-        selector=FixedStrategy(Strategy("oracle", 3)),
-        hidden_layers=layers,
+    target, eng = _oracle_engine(
+        layers,
         hidden_sink=lambda rid, pos, toks, h: got.setdefault(rid, []).append((pos, toks, h)),
         hidden_filter=accept,
     )
