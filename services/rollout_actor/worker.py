@@ -368,7 +368,9 @@ class RolloutWorker:
         replay.update_table(share_allowance(self.tuned.table, 0.0))
         return replay
 
-    def _new_engine(self, drafters: dict, selector: StrategySelector) -> Engine:
+    def _new_engine(self, drafters: dict, selector: StrategySelector, stream: bool = True) -> Engine:
+        """An engine over this worker's model; ``stream``: the live rollout's hidden states feed the spot
+        trainer's stream (a replay's never do: nothing would send them)."""
         return Engine(
             self.model,
             max_batch_size=self.max_batch_size,
@@ -377,7 +379,7 @@ class RolloutWorker:
             drafters=drafters,
             selector=selector,
             hidden_layers=self.hidden_layers if "learned" in drafters else (),
-            hidden_sink=self.hidden_sink if "learned" in drafters else None,
+            hidden_sink=self.hidden_sink if stream and "learned" in drafters else None,
             hidden_filter=self._streams,
         )
 
@@ -562,7 +564,7 @@ class RolloutWorker:
             drafters = self._replay_drafters()
             for mode in ("plain", "spec") if rep % 2 == 0 else ("spec", "plain"):
                 selector = self._replay_selector() if mode == "spec" else FixedStrategy(Strategy())
-                eng = self._new_engine(drafters if mode == "spec" else {}, selector)
+                eng = self._new_engine(drafters if mode == "spec" else {}, selector, stream=False)
                 t0 = time.perf_counter()
                 outs = eng.generate(reqs)
                 out[f"{mode}_seconds"] += time.perf_counter() - t0

@@ -23,7 +23,10 @@ def test_streams_hidden_is_a_stable_share_of_request_ids():
 
 
 def test_only_the_selected_requests_hidden_states_are_streamed(tiny_policy_dir):
-    w = RolloutWorker(0, str(tiny_policy_dir), SAMPLING, max_batch_size=8, learned={"seed": 0})
+    learned_k2 = {"enabled": True, "drafter": "learned", "max_draft_tokens": 2}
+    w = RolloutWorker(
+        0, str(tiny_policy_dir), SAMPLING, max_batch_size=8, speculative=learned_k2, learned={"seed": 0}
+    )
     buf = HiddenStateBuffer(capacity_tokens=100_000)
     rx = HiddenStateReceiver("tcp://127.0.0.1:*", buf)
     try:
@@ -48,6 +51,19 @@ def test_only_the_selected_requests_hidden_states_are_streamed(tiny_policy_dir):
             # one row per decode step's input token: every generated token but the last (the first comes
             # from the prefill)
             assert f.positions.shape[0] == lengths[f.request_id] - 1
+        # a replayed sample (measure_speedup, learned drafts on) streams nothing and leaves nothing behind: the
+        # next rollout of the same request ids streams frames of exactly its own tokens
+        assert w.measure_speedup(reqs)["spec_tokens"] > 0
+        rx.poll(200)
+        assert buf.num_frames == len(want)
+        res = w.rollout(reqs, step=2)
+        lengths = {o.request_id: len(o.token_ids) for o in res.outputs}
+        deadline = time.monotonic() + 10
+        while buf.num_frames < 2 * len(want) and time.monotonic() < deadline:
+            rx.poll(100)
+        again = list(buf._frames)[len(want) :]
+        assert {f.request_id for f in again} == want
+        assert all(f.positions.shape[0] == lengths[f.request_id] - 1 for f in again)
     finally:
         w.close()
         rx.close()
