@@ -12,8 +12,10 @@ plays (docs/tuner.md, "The selector", gives the reasons):
    the two arms' ratio of mean step seconds in the table; those chains are never explored while it plays;
 1. when the bucket's *regret budget* can pay for the step (exploration's extra time over the best,
    ``sum(max(0, seconds - tokens / R_best))``, plus the step's expected extra (``_extra``), at most the
-   table's ``allowance`` plus ``regret_budget`` of the bucket's time under this table): a ``probe`` arm
-   (rotated by the seed), else the ``explore`` arm with the highest ``R + z * se``;
+   table's ``allowance`` plus ``regret_budget`` of the bucket's time under this table): the first candidate
+   (a ``probe`` arm, rotated by the seed, else the ``explore`` arm with the highest ``R + z * se``), or,
+   while the best is off, any explore arm whose estimate is at least off's (expected extra nil: a stale tie
+   is re-tried at once while a probe's budget accrues);
 2. else the best. Each drafting request's draft length is capped by the length-aware budgets (``budgets.py``).
 
 *Lease*: when the best is off and nothing may be explored, the engine plays the bucket's next steps plain
@@ -145,10 +147,10 @@ class StrategySelector:
         self.budgets.history.record_many(items)
 
     # ------------------------------------------------------------------ per step
-    def _next(self, i: int) -> tuple[str, str | None, float | None]:
-        """Bucket ``i``'s best arm, the candidate to explore next (None: none) and the best's throughput estimate
-        (tokens/s; None: none yet, and nothing is explored) (module docstring, steps 0-1): probes rotated by the
-        seed (actors probe different arms first), else the exploration with the highest upper bound."""
+    def _next(self, i: int) -> tuple[str, list[str], float | None]:
+        """Bucket ``i``'s best arm, the candidates to explore in order of preference, and the best's throughput
+        estimate (tokens/s; None: none yet, and nothing is explored) (module docstring, steps 0-1): the probes
+        rotated by the seed (actors probe different arms first), then the explorations by upper bound."""
         row, own = self._rows[i], self._own.get(i, {})
         prior = row.get("windows", {})
         best, playable = row["best"], self._playable[i]
@@ -168,27 +170,37 @@ class StrategySelector:
             quicker = [(ests[n][0], n) for n in contenders if n in ests and faster(ests[n], off, self.z)]
             best = max(quicker)[1] if quicker else OFF.name
         probe = [n for n in row["probe"] if n not in ests]
+        probe = probe[self.seed % len(probe) :] + probe[: self.seed % len(probe)] if probe else []
         covered = {a.name for a in self._prefixes[i].get(best, ())}  # their records come free
         explore = [n for n in playable if n in ests and n != best and n not in covered]
-        rate = ests[best][0] if best in ests else None
-        if probe:
-            return best, probe[self.seed % len(probe)], rate
-        # the likeliest to beat the best
-        return best, max(explore, key=lambda n: ests[n][0] + self.z * ests[n][1], default=None), rate
+        explore.sort(
+            key=lambda n: -(ests[n][0] + self.z * ests[n][1])
+        )  # the likeliest to beat the best first
+        return best, probe + explore, ests[best][0] if best in ests else None
 
     def _prior_estimate(self, prior: Mapping[str, list[float]], arm: str) -> tuple[float, float] | None:
         """The table's estimate of ``arm`` from its window sums (``prior``: the row's ``windows``)."""
         w = prior.get(arm)
         return estimate_from_sums(w[0], w[1:], self.min_samples) if w is not None else None
 
+    def _eligible(self, i: int, best: str, cands: list[str], rate: float, acc: _Account) -> list[str]:
+        """Of ``_next``'s candidates, those this step may explore if the budget pays: the first (a probe before
+        any exploration), and, while the best is off, any drafting arm whose expected extra time is nil (an
+        estimate at least off's: evidence from when its drafts did not pay, re-tried at once)."""
+        if best != OFF.name:
+            return cands[:1]
+        return cands[:1] + [c for c in cands[1:] if self._extra(i, c, rate, acc) <= 0]
+
     def _pick(self, i: int, acc: _Account) -> tuple[Arm, bool, float | None]:
-        """Bucket ``i``'s next arm, whether it explores, and the best's throughput (module docstring)."""
-        best, cand, rate = self._next(i)
-        # explore only a step the budget can pay for, and only after a step of the best in this table
-        afford = cand is not None and rate and acc.step > 0
-        if not afford or self._owed(i, cand, rate, acc) > 0:
-            return self._arms[best], False, rate
-        return self._arms[cand], True, rate
+        """Bucket ``i``'s next arm, whether it explores, and the best's throughput (module docstring): the first
+        eligible candidate the budget can pay for, else the best; nothing is explored before a step of the
+        best in this table."""
+        best, cands, rate = self._next(i)
+        if rate and acc.step > 0:
+            for cand in self._eligible(i, best, cands, rate, acc):
+                if self._owed(i, cand, rate, acc) <= 0:
+                    return self._arms[cand], True, rate
+        return self._arms[best], False, rate
 
     def _owed(self, i: int, name: str, rate: float, acc: _Account) -> float:
         """Seconds by which a step of ``name`` would overdraw bucket ``i``'s regret budget (<= 0: it fits)."""
@@ -278,15 +290,16 @@ class StrategySelector:
 
     def _grant(self, i: int, acc: _Account) -> None:
         """Lease the bucket's next steps when nothing may be explored there before they are played: as many as
-        the budget needs to afford the next exploration (``lease_steps`` when there is none)."""
+        the budget needs to afford an eligible candidate (``lease_steps`` when there is none)."""
         row, budget = self._rows[i], self.regret_budget
-        _, cand, rate = self._next(i)
-        if cand is None or budget <= 0:
+        best, cands, rate = self._next(i)
+        if not cands or budget <= 0:
             q = self.lease_steps
         elif not rate:
             return  # the best needs its estimate before anything is explored: no lease
         else:
-            q = min(self.lease_steps, math.ceil(self._owed(i, cand, rate, acc) / (budget * acc.step)))
+            owed = min(self._owed(i, c, rate, acc) for c in self._eligible(i, best, cands, rate, acc))
+            q = min(self.lease_steps, math.ceil(owed / (budget * acc.step)))
         if q < 1:
             return
         hi = row["hi"]

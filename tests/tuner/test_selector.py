@@ -197,6 +197,29 @@ def test_within_a_rollout_the_selector_leaves_a_stale_best_for_the_arm_its_own_s
     assert eng.log[0].arm == X  # it starts from the table's best
 
 
+def test_an_arm_as_fast_as_the_best_is_explored_while_an_untried_arm_waits_for_its_budget():
+    # the central evidence (drafts without a history) says X is as fast as off at batch 16, and the n-gram arm
+    # is untried; now X's drafts pay (~1.8x off). The untried arm's probe would cost a whole step, which the
+    # budget pays only after ~100 steps; X's expected extra cost is nil, so it is explored at once (with the
+    # probe as the only candidate, the first ~100 steps would be plain).
+    ngram = "ngram-k3-w1"
+    arms = parse_arms(["off", X, ngram])
+    bandit = BucketedBandit(arms, BanditConfig(regret_budget=0.01))
+    for k in range(16):
+        s = 0.014 * (1.05 if k % 2 else 0.95)
+        bandit.observe(16, "off", 16, s)
+        bandit.observe(16, X, 16, s)
+    row = bandit.table()["buckets"][bandit.bucket_of(16)]
+    assert row["best"] == "off" and X in row["explore"] and ngram in row["probe"]
+    now = CostModel(
+        profiles={X: ArmProfile(alpha=0.9, draft_ms_per_request=0.1), ngram: ArmProfile(alpha=0.1)}
+    )
+    assert now.seconds_per_token(BY_NAME["off"], 16) > 1.5 * now.seconds_per_token(BY_NAME[X], 16)
+    eng = SimEngine(StrategySelector(bandit.table(), clock="engine"), now, seed=2)
+    first = eng.run([16] * 100)
+    assert sum(s.arm == X for s in first) >= 0.8 * len(first), [s.arm for s in first[:20]]
+
+
 def test_a_chains_steps_judge_the_shorter_chains_of_its_drafter_without_playing_them():
     # the table (an earlier rollout) says k8 is fastest: 3 tokens in 20 ms against k4's 1.2 in 10 ms. In this
     # rollout no draft is accepted past its 2nd node, so k4 commits what k8 does in its cheaper steps
