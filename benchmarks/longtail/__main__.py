@@ -296,7 +296,7 @@ def run(args: argparse.Namespace) -> dict:
     table = tables.aggregate(runs, ran, bsz)
     fixed = [c for c in ran if c in FIXED_ARMS or c in LEARNED_ARMS]
     lengths = tables.length_check(runs, ran)
-    lock_ran = [c for c in [*ran, PLAIN_AGAIN] if any(r.config == c for r in lock_runs)]
+    lock_ran = [c for c in [*configs, PLAIN_AGAIN] if any(r.config == c for r in lock_runs)]  # --reps 0 too
     lock_table = lockstep.lockstep_table(lock_runs, lock_ran, bsz)
     return {
         "benchmark": NAME,

@@ -318,7 +318,8 @@ def write_plot(result: dict, path: Path) -> None:
     ax.set_ylim(bottom=0)
     ax.set(xlabel="seconds since rollout start", ylabel="active batch size")
     ax.set_title(f"Active batch over time (b={tl.get('batch_size')}, rep {tl.get('rep')})")
-    ax.legend(fontsize=8)
+    if tl.get("series"):  # none without sequential repetitions
+        ax.legend(fontsize=8)
     ls = result.get("lockstep") or {}
     _lockstep_panel(axes[3], ls, configs, cmap)
     color = cmap(configs.index(ADAPTIVE) % 20) if ADAPTIVE in configs else "C0"

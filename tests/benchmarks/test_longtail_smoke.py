@@ -381,3 +381,18 @@ def test_a_failing_never_worse_process_is_reported_with_its_output(tmp_path):
     with pytest.raises(RuntimeError, match=r"never-worse process 1 failed \(exit 1\)") as e:
         lockstep.never_worse_process(args, 1)
     assert "no model folder" in str(e.value)
+
+
+def test_lockstep_alone_reports_every_configuration_it_ran(tiny_policy_dir, tmp_path):
+    # the README's lock-step command: no sequential repetitions, only lock-step rounds of plain and adaptive
+    argv = ["--quick", "--model", str(tiny_policy_dir), "--prompts", "1", "--batch-sizes", "4"]
+    argv += ["--max-new-tokens", "8", "--history-prompts", "1", "--no-peers", "--configs", "adaptive"]
+    argv += ["--reps", "0", "--lockstep-reps", "1", "--never-worse-reps", "0", "--out-dir", str(tmp_path)]
+    res = main(argv)
+    assert res["runs"] == []
+    assert set(res["lockstep"]["configs"]) == {"plain", "adaptive", "plain-again"}
+    row = res["lockstep"]["results"]["4"]["adaptive"]
+    plain = {r["rep"]: r for r in res["runs_lockstep"] if r["config"] == "plain"}
+    (ad,) = [r for r in res["runs_lockstep"] if r["config"] == "adaptive"]
+    assert close(row["speedup_paired_median"], plain[ad["rep"]]["makespan_s"] / ad["makespan_s"])
+    assert "adaptive" in (tmp_path / "longtail.md").read_text().split("Lock step")[1]
