@@ -13,9 +13,10 @@ plays (docs/tuner.md, "The selector", gives the reasons):
 1. when the bucket's *regret budget* can pay for the step (exploration's extra time over the best,
    ``sum(max(0, seconds - tokens / R_best))``, plus the step's expected extra (``_extra``), at most the
    table's ``allowance`` plus ``regret_budget`` of the bucket's time under this table): the first candidate
-   (a ``probe`` arm, rotated by the seed, else the ``explore`` arm with the highest ``R + z * se``), or,
-   while the best is off, any explore arm whose estimate is at least off's (expected extra nil: a stale tie
-   is re-tried at once while a probe's budget accrues);
+   (a ``probe`` arm, rotated by the seed, else the ``explore`` arm with the highest ``R + z * se``), or
+   one whose expected extra is nil: a probe of an adjacent bucket's best, and, while the best is off, an
+   explore arm whose estimate is at least off's (a stale tie is re-tried at once while a probe's budget
+   accrues);
 2. else the best. Each drafting request's draft length is capped by the length-aware budgets (``budgets.py``).
 
 *Lease*: when the best is off and nothing may be explored, the engine plays the bucket's next steps plain
@@ -185,11 +186,14 @@ class StrategySelector:
 
     def _eligible(self, i: int, best: str, cands: list[str], rate: float, acc: _Account) -> list[str]:
         """Of ``_next``'s candidates, those this step may explore if the budget pays: the first (a probe before
-        any exploration), and, while the best is off, any drafting arm whose expected extra time is nil (an
-        estimate at least off's: evidence from when its drafts did not pay, re-tried at once)."""
-        if best != OFF.name:
-            return cands[:1]
-        return cands[:1] + [c for c in cands[1:] if self._extra(i, c, rate, acc) <= 0]
+        any exploration), then any whose expected extra time is nil (``_extra``): a probe of an adjacent
+        bucket's best and, while the best is off, a drafting arm whose estimate is at least off's (evidence
+        from when its drafts did not pay, re-tried at once)."""
+        probe = self._rows[i]["probe"]
+        free = [
+            c for c in cands[1:] if (best == OFF.name or c in probe) and self._extra(i, c, rate, acc) <= 0
+        ]
+        return cands[:1] + free
 
     def _pick(self, i: int, acc: _Account) -> tuple[Arm, bool, float | None]:
         """Bucket ``i``'s next arm, whether it explores, and the best's throughput (module docstring): the first
@@ -210,11 +214,13 @@ class StrategySelector:
     def _extra(self, i: int, name: str, rate: float, acc: _Account) -> float:
         """A step of arm ``name``'s expected seconds beyond the best's for the same tokens, ``s * (1 - R /
         R_best)`` from its mean step seconds ``s`` and throughput ``R`` (this selector's window, else the
-        table's); for an arm without any: one step of the best's (``acc.step``)."""
+        table's); for an arm without any: one step of the best's (``acc.step``), or nil when it is an
+        adjacent bucket's best (the batch sizes next to this one find it faster)."""
         w = self._own.get(i, {}).get(name)
         sums = w.sums() if w is not None and len(w) else self._rows[i].get("windows", {}).get(name)
         if not sums or sums[0] <= 0 or sums[2] <= 0:
-            return acc.step
+            near = self._rows[max(0, i - 1) : i + 2]
+            return 0.0 if name != OFF.name and any(r["best"] == name for r in near) else acc.step
         return max(0.0, sums[2] / sums[0] - sums[1] / sums[0] / rate)
 
     def choose(self, requests: list[DraftRequest]) -> list[Strategy]:

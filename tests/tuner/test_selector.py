@@ -220,6 +220,23 @@ def test_an_arm_as_fast_as_the_best_is_explored_while_an_untried_arm_waits_for_i
     assert sum(s.arm == X for s in first) >= 0.8 * len(first), [s.arm for s in first[:20]]
 
 
+def test_a_bucket_probes_at_once_the_arm_an_adjacent_bucket_finds_fastest():
+    bandit = BucketedBandit(ARMS, BanditConfig(regret_budget=0.01))
+    for k in range(16):
+        s = 0.010 * (1.05 if k % 2 else 0.95)
+        bandit.observe(4, "off", 4, s)
+        bandit.observe(4, X, 12, s)  # ~3x off at batch 4
+        bandit.observe(8, "off", 8, s)
+        bandit.observe(8, Y, 6, s)  # slower than off at batch 8 (banned), X untried there
+    rows = bandit.table()["buckets"]
+    assert rows[bandit.bucket_of(4)]["best"] == X
+    assert rows[bandit.bucket_of(8)]["best"] == "off" and X in rows[bandit.bucket_of(8)]["probe"]
+    eng = SimEngine(StrategySelector(bandit.table(), clock="engine"), MODEL, seed=1)
+    # a probe of an arm without any evidence here waits until 1% of the bucket's time pays one step (~100
+    # steps); the neighbour's best is probed at once
+    assert X in [s.arm for s in eng.run([8] * 10)]
+
+
 def test_a_chains_steps_judge_the_shorter_chains_of_its_drafter_without_playing_them():
     # the table (an earlier rollout) says k8 is fastest: 3 tokens in 20 ms against k4's 1.2 in 10 ms. In this
     # rollout no draft is accepted past its 2nd node, so k4 commits what k8 does in its cheaper steps
