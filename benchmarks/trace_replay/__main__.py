@@ -15,7 +15,8 @@ configuration once, in the order rotated by r: ABC, BCA, ...). Every output is c
 
 Reported per configuration (``report.py``): makespan (s), the long-tail phase (decode steps with <= 8 active
 requests: seconds, tokens, tokens/s), tau (``1 + accepted / verify steps`` over drafted steps), acceptance by
-draft position, speedups vs plain (paired per round, median). ``headline``: one entry per (device, shape,
+draft position, speedups vs plain (paired per round, median), and a long-tail step's milliseconds split into
+drafting, the target forward and the engine's own work (verify batch, acceptance rule, commit). ``headline``: one entry per (device, shape,
 batch). Writes ``benchmarks/results/trace_replay.{json,md,png}`` (``--out-dir``, ``--name``), rewritten after
 every (shape, batch) so a long run keeps what it measured.
 

@@ -25,6 +25,7 @@ HEADLINE_KEYS = (
     "tau_best",
     "best_fixed_arm",
 )
+MS_PARTS = ("draft", "forward", "rest")  # of a long-tail step's milliseconds (``_step_ms``)
 
 
 def _median(xs: Sequence[float]) -> float | None:
@@ -81,6 +82,7 @@ def summarize(runs: Sequence[ReplayRun], configs: Sequence[str]) -> dict:
             "acceptance_by_position": [a / d if d else None for a, d in zip(acc, dra)],
             "exact_fraction": min(r.exact / r.requests for r in rs),
             "capture_s": sum(r.capture_s for r in rs),
+            "longtail_step_ms": _step_ms(rs),
         }
         if strategies:
             out[c]["strategies"] = dict(sorted(strategies.items(), key=lambda kv: -kv[1]))
@@ -98,6 +100,21 @@ def summarize(runs: Sequence[ReplayRun], configs: Sequence[str]) -> dict:
             "spread": max((abs(1 - x) for x in aa + aa_lt), default=None),
         },
     }
+
+
+def _step_ms(rs: Sequence[ReplayRun]) -> dict | None:
+    """A long-tail decode step's mean milliseconds (medians over rounds): ``step``, of which ``draft``
+    (proposing), ``forward`` (the target forward) and ``rest`` (building the verify batch, the acceptance rule,
+    committing, the drafters' ``observe``: the engine's own work per step)."""
+    rs = [r for r in rs if r.longtail_steps > 0]
+    if not rs:
+        return None
+    out = {
+        k: _median([1e3 * getattr(r, a) / r.longtail_steps for r in rs])
+        for k, a in (("step", "longtail_s"), ("draft", "longtail_draft_s"), ("forward", "longtail_forward_s"))
+    }
+    out["rest"] = out["step"] - out["draft"] - out["forward"]
+    return out
 
 
 def headline(device: str, shape: str, batch: int, summary: dict) -> dict:
@@ -175,15 +192,17 @@ def write_markdown(result: dict, path: Path) -> str:
             f"{blk['workload']['response_tokens']} response tokens)",
             "",
             "| config | makespan s | x | long-tail s | long-tail x | long-tail CPU x | tau "
-            "| acceptance by position (1..4) |",
-            "|---|---:|---:|---:|---:|---:|---:|---|",
+            "| acceptance by position (1..4) | long-tail step ms: draft + forward + rest |",
+            "|---|---:|---:|---:|---:|---:|---:|---|---|",
         ]
         for c, d in blk["summary"]["configs"].items():
             acc = " ".join(_f(a) for a in d["acceptance_by_position"][:4]) or "-"
+            ms = d.get("longtail_step_ms")
+            ms = "-" if not ms else f"{ms['step']:.2f}: " + " + ".join(f"{ms[k]:.2f}" for k in MS_PARTS)
             lines.append(
                 f"| {c} | {_f(d['makespan_s'], '{:.3f}')} | {_f(d['makespan_speedup'])} "
                 f"| {_f(d['longtail_s'], '{:.3f}')} | {_f(d['longtail_speedup'])} "
-                f"| {_f(d['longtail_cpu_speedup'])} | {_f(d['tau'])} | {acc} |"
+                f"| {_f(d['longtail_cpu_speedup'])} | {_f(d['tau'])} | {acc} | {ms} |"
             )
         ad = blk["summary"]["configs"].get(ADAPTIVE, {}).get("strategies")
         if ad:

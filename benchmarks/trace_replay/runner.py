@@ -93,6 +93,8 @@ class ReplayRun:
     requests: int
     capture_s: float = 0.0
     strategies: dict[str, int] = field(default_factory=dict)
+    longtail_draft_s: float = 0.0  # of ``longtail_s``: proposing drafts (the selector's choice included)
+    longtail_forward_s: float = 0.0  # of ``longtail_s``: the target forward (``StepRecord.forward_seconds``)
 
     @property
     def tau(self) -> float | None:
@@ -275,6 +277,8 @@ class ReplayBench:
             exact=sum(replay_exact(o, r, self.engine.eos) for o, r in zip(outs, reqs)),
             requests=len(reqs),
             capture_s=capture,
+            longtail_draft_s=sum(s.draft_seconds for s in tail),
+            longtail_forward_s=sum(s.forward_seconds for s in tail),
         )
         if config == ADAPTIVE:
             res.strategies = self.adaptive.drain_choices()

@@ -357,7 +357,9 @@ class Engine(AdmissionMixin):
         tt0 = time.thread_time() if sampled else 0.0
         t_draft = time.perf_counter() - t0
         batch = self._build_verify_batch(rows, strategies, drafts)
+        tf = time.perf_counter()
         out = self._forward(batch)
+        t_forward = time.perf_counter() - tf
         probs = self._target_probs(batch, out.logits)
         nxt, paths = self._verify(batch, probs)
         finished, committed, drafted, accepted = self._commit_step(batch, out, nxt, paths)
@@ -386,6 +388,7 @@ class Engine(AdmissionMixin):
                 captured,
                 lease is not None,
                 cpu,
+                t_forward,
             )
         )
         if lease is None:

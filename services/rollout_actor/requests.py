@@ -80,6 +80,8 @@ class StepRecord:
     leased: bool = False  # a plain step played under the selector's ``Lease``: neither chosen nor observed
     # the process's CPU time over ``seconds`` (``Engine(cpu_clock=True)`` only)
     cpu_seconds: float | None = None
+    # the target forward's wall time within ``seconds`` (on CUDA the host's launch: kernels run asynchronously)
+    forward_seconds: float = 0.0
 
 
 @dataclass

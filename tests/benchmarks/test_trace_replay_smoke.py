@@ -75,6 +75,17 @@ def test_speedups_from_measured_times(result):
                 rates = cs[c]["acceptance_by_position"]
                 assert rates == [pytest.approx(a / d) for a, d in zip(acc, dra)]
         assert runs[PLAIN]["verify_steps"] == 0 and cs[PLAIN]["tau"] is None
+        for (
+            c,
+            r,
+        ) in runs.items():  # a long-tail step's milliseconds: drafting + the forward + the engine's work
+            ms = cs[c]["longtail_step_ms"]
+            assert ms["step"] == pytest.approx(1e3 * r["longtail_s"] / r["longtail_steps"])
+            assert ms["forward"] == pytest.approx(1e3 * r["longtail_forward_s"] / r["longtail_steps"])
+            assert (
+                0 < r["longtail_forward_s"] < r["longtail_s"] and 0 <= r["longtail_draft_s"] < r["longtail_s"]
+            )
+            assert ms["draft"] + ms["forward"] + ms["rest"] == pytest.approx(ms["step"]) and ms["rest"] > 0
         head = next(h for h in res["headline"] if h["batch"] == blk["batch"])
         best = head["best_fixed_arm"]
         assert head["long_tail_speedup_best_fixed"] == max(cs[a]["longtail_speedup"] for a in ARMS)
