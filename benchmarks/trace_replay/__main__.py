@@ -14,7 +14,7 @@ problem submitted together) under plain decoding, every fixed deterministic draf
 configuration once, in the order rotated by r: ABC, BCA, ...). Every output is checked to equal its trace.
 
 Reported per configuration (``report.py``): makespan (s), the long-tail phase (decode steps with <= 8 active
-requests: seconds, tokens, tokens/s), tau (``1 + accepted / verify steps`` over drafted steps), acceptance by
+requests: seconds, tokens; its speedup at equal occupancy and work), tau (``1 + accepted / verify steps`` over drafted steps), acceptance by
 draft position, speedups vs plain (paired per round, median), and a long-tail step's milliseconds split into
 drafting, the target forward and the engine's own work (verify batch, acceptance rule, commit). ``headline``: one entry per (device, shape,
 batch). Writes ``benchmarks/results/trace_replay.{json,md,png}`` (``--out-dir``, ``--name``), rewritten after

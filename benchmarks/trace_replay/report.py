@@ -2,9 +2,9 @@
 
 Speedups are paired: in each round, plain's value over the configuration's, then the median over rounds. In
 replay every configuration decodes the same tokens, so the makespan ratio compares the same work; the long-tail
-speedup is the ratio of long-tail *throughputs* (tokens per second of the steps with <= ``longtail_batch``
-active requests), because a configuration that finishes some requests sooner enters that phase with different
-work left (at max batch size <= ``longtail_batch`` every step is in it, and it is the decode-time ratio).
+speedup (steps with <= ``longtail_batch`` active requests) compares equal occupancy and work
+(``services.rollout_actor.speculative.stats.long_tail_speedup``), because a configuration that finishes some
+requests sooner enters that phase with other work left.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.trace_replay.runner import ADAPTIVE, FIXED_ARMS, PLAIN, PLAIN_AGAIN, ReplayRun
+from services.rollout_actor.speculative.stats import long_tail_speedup
 
 HEADLINE_KEYS = (
     "device",
@@ -33,17 +34,9 @@ def _median(xs: Sequence[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def _lt_rate(r: ReplayRun) -> float | None:
-    return r.longtail_tokens / r.longtail_s if r.longtail_s > 0 else None
-
-
-def _lt_cpu_rate(r: ReplayRun) -> float | None:
-    return r.longtail_tokens / r.longtail_cpu_s if r.longtail_cpu_s > 0 else None
-
-
 def summarize(runs: Sequence[ReplayRun], configs: Sequence[str]) -> dict:
     """Per configuration: medians over rounds (makespan, long-tail seconds / tokens / CPU seconds), paired
-    speedups vs plain (makespan, long-tail tokens/s by wall and by CPU time), tau and acceptance by draft
+    speedups vs plain (makespan; long tail at equal occupancy, by wall and by CPU time), tau and acceptance by draft
     position pooled over rounds, replay exactness; plus the A/A control (plain / plain-again per round)."""
     plain = {r.rep: r for r in runs if r.config == PLAIN}
     out: dict[str, dict] = {}
@@ -72,10 +65,10 @@ def summarize(runs: Sequence[ReplayRun], configs: Sequence[str]) -> dict:
             "steps": _median([r.steps for r in rs]),
             "makespan_speedup": _median([p.makespan_s / r.makespan_s for p, r in pairs if r.makespan_s > 0]),
             "longtail_speedup": _median(
-                [_lt_rate(r) / _lt_rate(p) for p, r in pairs if _lt_rate(r) and _lt_rate(p)]
+                [long_tail_speedup(p.longtail_by_batch, r.longtail_by_batch) for p, r in pairs]
             ),
             "longtail_cpu_speedup": _median(
-                [_lt_cpu_rate(r) / _lt_cpu_rate(p) for p, r in pairs if _lt_cpu_rate(r) and _lt_cpu_rate(p)]
+                [long_tail_speedup(p.longtail_cpu_by_batch, r.longtail_cpu_by_batch) for p, r in pairs]
             ),
             "tau": 1 + accepted / verify if verify else None,
             "draft_rate": verify / max(1, sum(r.tokens for r in rs)),
@@ -88,9 +81,11 @@ def summarize(runs: Sequence[ReplayRun], configs: Sequence[str]) -> dict:
             out[c]["strategies"] = dict(sorted(strategies.items(), key=lambda kv: -kv[1]))
     aa = [p.makespan_s / r.makespan_s for r in runs if r.config == PLAIN_AGAIN and (p := plain.get(r.rep))]
     aa_lt = [
-        _lt_rate(r) / _lt_rate(p)
+        x
         for r in runs
-        if r.config == PLAIN_AGAIN and (p := plain.get(r.rep)) and _lt_rate(r) and _lt_rate(p)
+        if r.config == PLAIN_AGAIN
+        and (p := plain.get(r.rep))
+        and (x := long_tail_speedup(p.longtail_by_batch, r.longtail_by_batch))
     ]
     return {
         "configs": out,
@@ -227,7 +222,7 @@ def write_plot(result: dict, path: Path) -> None:
     for row, shape in zip(axes, shapes):
         blks = [b for b in result["results"] if b["shape"] == shape]
         for ax, key, title in (
-            (row[0], "longtail_speedup", "long-tail tokens/s"),
+            (row[0], "longtail_speedup", "long-tail (equal occupancy)"),
             (row[1], "makespan_speedup", "makespan"),
         ):
             for i, c in enumerate(configs):

@@ -36,6 +36,7 @@ from benchmarks.trace_replay.workload import (
 from services.rollout_actor.drafters import build_drafters
 from services.rollout_actor.engine import Engine, GenerationRequest, RequestOutput
 from services.rollout_actor.model import Transformer
+from services.rollout_actor.speculative.stats import long_tail
 from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy
 
 PLAIN, PLAIN_AGAIN, ADAPTIVE = "plain", "plain-again", "adaptive"
@@ -93,6 +94,9 @@ class ReplayRun:
     requests: int
     capture_s: float = 0.0
     strategies: dict[str, int] = field(default_factory=dict)
+    # ``stats.long_tail``: per active batch size of the long tail, [seconds, tokens] (wall; CPU)
+    longtail_by_batch: dict[int, list[float]] = field(default_factory=dict)
+    longtail_cpu_by_batch: dict[int, list[float]] = field(default_factory=dict)
     longtail_draft_s: float = 0.0  # of ``longtail_s``: proposing drafts (the selector's choice included)
     longtail_forward_s: float = 0.0  # of ``longtail_s``: the target forward (``StepRecord.forward_seconds``)
 
@@ -277,6 +281,8 @@ class ReplayBench:
             exact=sum(replay_exact(o, r, self.engine.eos) for o, r in zip(outs, reqs)),
             requests=len(reqs),
             capture_s=capture,
+            longtail_by_batch=long_tail(steps, self.longtail_batch),
+            longtail_cpu_by_batch=long_tail(steps, self.longtail_batch, cpu=True),
             longtail_draft_s=sum(s.draft_seconds for s in tail),
             longtail_forward_s=sum(s.forward_seconds for s in tail),
         )

@@ -161,7 +161,7 @@ def spec_summary(rows: list[dict], strategy: str) -> dict:
         "speedup_measurements": len(speedups),
         "long_tail_speedup_vs_plain": float(np.median(tails)) if tails else None,
         "long_tail_speedup_vs_plain_method": "the same replayed samples, decode steps with <= "
-        f"{LONG_TAIL_BATCH} active requests only",
+        f"{LONG_TAIL_BATCH} active requests only, at equal occupancy and work (stats.long_tail_speedup)",
         "step_speedup_vs_plain": float(np.median(steps)) if steps else None,
         "step_speedup_vs_plain_method": "median over the measured steps of step seconds with the rollout scaled by the "
         "replayed sample's speedup, over step seconds",

@@ -37,7 +37,7 @@ from services.rollout_actor.grpc_service import RolloutGrpc
 from services.rollout_actor.model import Transformer
 from services.rollout_actor.shard import RolloutRequest, ShardResult, streams_hidden
 from services.rollout_actor.speculative.hybrid import HybridDrafter
-from services.rollout_actor.speculative.stats import aggregate, long_tail_seconds
+from services.rollout_actor.speculative.stats import add_long_tail, aggregate, long_tail, long_tail_speedup
 from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy, StrategySelector
 from services.spot_trainer.buffer import Frame
 from services.spot_trainer.stream import HiddenStateSender
@@ -547,9 +547,8 @@ class RolloutWorker:
         """Replay ``requests`` with speculation off and with this worker's strategy, same seeds, side by side.
 
         Drafters start from their pre-rollout snapshot (``rollout(..., keep_drafter_snapshot=True)``), and
-        the replay uses fresh seeds so it never sees its own earlier outputs. Returns seconds and tokens
-        of both, and ``speedup = plain_seconds / spec_seconds`` (a *replayed sample*, not the live rollout).
-        """
+        the replay uses fresh seeds so it never sees its own earlier outputs. Returns both modes' seconds and
+        tokens, ``speedup`` (plain / spec seconds), ``long_tail_by_batch`` and ``stats.long_tail_speedup``."""
         if self.strategy.is_off and self.tuned is None:
             return {}
         with self._busy:
@@ -557,7 +556,7 @@ class RolloutWorker:
 
     def _measure_speedup(self, requests: list[RolloutRequest], repeats: int) -> dict:
         out = {"plain_seconds": 0.0, "spec_seconds": 0.0, "plain_tokens": 0, "spec_tokens": 0, "requests": 0}
-        out.update(plain_long_tail_seconds=0.0, spec_long_tail_seconds=0.0)
+        tails: dict[str, dict] = {"plain": {}, "spec": {}}  # per mode, stats.long_tail summed over repeats
         spec_outs: list = []
         for rep in range(repeats):
             reqs = self._requests(requests, seed_offset=1_000_000 * (rep + 1))
@@ -569,12 +568,13 @@ class RolloutWorker:
                 outs = eng.generate(reqs)
                 out[f"{mode}_seconds"] += time.perf_counter() - t0
                 out[f"{mode}_tokens"] += sum(len(o.token_ids) for o in outs)
-                out[f"{mode}_long_tail_seconds"] += long_tail_seconds(eng.step_log)
+                add_long_tail(tails[mode], long_tail(eng.step_log))
                 if mode == "spec":
                     spec_outs += outs
             out["requests"] += len(reqs)
         out["speedup"] = out["plain_seconds"] / max(out["spec_seconds"], 1e-9)
-        out["long_tail_speedup"] = out["plain_long_tail_seconds"] / max(out["spec_long_tail_seconds"], 1e-9)
+        out["long_tail_by_batch"] = {m: {str(b): v for b, v in sorted(t.items())} for m, t in tails.items()}
+        out["long_tail_speedup"] = long_tail_speedup(tails["plain"], tails["spec"])
         out["tau"] = aggregate(spec_outs)["acceptance_length_mean"]
         return out
 

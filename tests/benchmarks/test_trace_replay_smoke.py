@@ -65,8 +65,14 @@ def test_speedups_from_measured_times(result):
             assert r["exact"] == r["requests"] == blk["workload"]["requests"]
             assert r["tokens"] == plain["tokens"]  # replay: every configuration decodes the same tokens
             assert cs[c]["makespan_speedup"] == pytest.approx(plain["makespan_s"] / r["makespan_s"])
-            lt = (r["longtail_tokens"] / r["longtail_s"]) / (plain["longtail_tokens"] / plain["longtail_s"])
+            # equal occupancy and work: plain's long-tail seconds over spec's seconds per token x plain's tokens
+            pb, rb = plain["longtail_by_batch"], r["longtail_by_batch"]
+            near = {b: min(rb, key=lambda x: (abs(int(x) - int(b)), int(x))) for b in pb}
+            lt = sum(v[0] for v in pb.values()) / sum(
+                v[1] * rb[near[b]][0] / rb[near[b]][1] for b, v in pb.items()
+            )
             assert cs[c]["longtail_speedup"] == pytest.approx(lt)
+            assert sum(v[1] for v in rb.values()) == r["longtail_tokens"]
             if r["verify_steps"]:
                 assert r["tau"] == pytest.approx(1 + r["accepted"] / r["verify_steps"])
                 acc, dra = r["accepted_by_position"], r["drafted_by_position"]

@@ -6,7 +6,7 @@ that had a non-empty draft (the "+1" is the bonus or correction token every veri
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 
 def aggregate(outputs: Iterable) -> dict:
@@ -76,7 +76,49 @@ def merge_drafters(rows: list[dict]) -> dict:
 LONG_TAIL_BATCH = 8  # a decode step with at most this many active requests belongs to the rollout's long tail
 
 
-def long_tail_seconds(step_log: Iterable, max_batch: int = LONG_TAIL_BATCH) -> float:
-    """Seconds of the rollout's long-tail phase: the decode steps (``Engine.step_log`` records) with at most
-    ``max_batch`` active requests, where a rollout spends its time once most responses have finished."""
-    return float(sum(s.seconds for s in step_log if s.batch_size <= max_batch))
+def long_tail(
+    step_log: Iterable, max_batch: int = LONG_TAIL_BATCH, cpu: bool = False
+) -> dict[int, list[float]]:
+    """The rollout's long-tail phase, where it spends its time once most responses have finished: per active
+    batch size ``b <= max_batch``, ``[seconds, committed tokens]`` of its decode steps (``Engine.step_log``
+    records; ``cpu``: their ``cpu_seconds`` instead of wall seconds)."""
+    out: dict[int, list[float]] = {}
+    for s in step_log:
+        if s.batch_size <= max_batch:
+            acc = out.setdefault(int(s.batch_size), [0.0, 0])
+            acc[0] += (s.cpu_seconds or 0.0) if cpu else s.seconds
+            acc[1] += s.committed
+    return out
+
+
+def add_long_tail(
+    total: dict[int, list[float]], part: Mapping[int, Sequence[float]]
+) -> dict[int, list[float]]:
+    """``total`` with ``part``'s seconds and tokens added per batch size (in place; returned)."""
+    for b, (sec, tok) in part.items():
+        acc = total.setdefault(int(b), [0.0, 0])
+        acc[0] += sec
+        acc[1] += tok
+    return total
+
+
+def long_tail_speedup(
+    plain: Mapping[int, Sequence[float]], spec: Mapping[int, Sequence[float]]
+) -> float | None:
+    """What speculation did to the long tail, at equal occupancy and work: plain's long-tail seconds over the
+    seconds speculation takes for plain's tokens at its own seconds per token at each active batch size b,
+    ``sum_b T_plain(b) / sum_b N_plain(b) * T_spec(b') / N_spec(b')`` (``long_tail`` dicts; keys may be str, as
+    in JSON), b' = b where speculation decoded at b, else the nearest size it decoded at (ties: the smaller, whose
+    seconds per token are the larger). None when either has no long-tail steps. A ratio of the phase's seconds,
+    or of its tokens per second, would mix in how many requests were still running: a decode that finishes
+    requests sooner enters the phase later with other work left (its tail can be nearly empty, or one straggler),
+    and GRPO siblings that write the same response finish together, so the sizes decoded differ."""
+    sp = {int(b): v for b, v in spec.items() if v[0] > 0 and v[1] > 0}
+    pl = [(int(b), v) for b, v in plain.items() if v[1] > 0]
+    if not sp or not pl:
+        return None
+    t_spec = 0.0
+    for b, v in pl:
+        q = sp[min(sp, key=lambda x: (abs(x - b), x))]
+        t_spec += v[1] * q[0] / q[1]
+    return sum(v[0] for _, v in pl) / t_spec
