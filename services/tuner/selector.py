@@ -174,9 +174,8 @@ class StrategySelector:
         probe = probe[self.seed % len(probe) :] + probe[: self.seed % len(probe)] if probe else []
         covered = {a.name for a in self._prefixes[i].get(best, ())}  # their records come free
         explore = [n for n in playable if n in ests and n != best and n not in covered]
-        explore.sort(
-            key=lambda n: -(ests[n][0] + self.z * ests[n][1])
-        )  # the likeliest to beat the best first
+        # the likeliest to beat the best first
+        explore.sort(key=lambda n: -(ests[n][0] + self.z * ests[n][1]))
         return best, probe + explore, ests[best][0] if best in ests else None
 
     def _prior_estimate(self, prior: Mapping[str, list[float]], arm: str) -> tuple[float, float] | None:
