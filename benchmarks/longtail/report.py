@@ -36,8 +36,9 @@ def _header(result: dict) -> list[str]:
         + (" `--quick` run." if s.get("quick") else ""),
         "",
         "Speedup = tailspec `plain` / config at the same batch size (makespan; CPU = process CPU time). "
-        f"Long-tail = decode steps with active batch <= {s['longtail_batch']}: its tokens/s vs plain's (wall; "
-        "CPU). tau = (accepted + 1) per verify step with a draft. Flag = mean response length > 15% off "
+        f"Long-tail tok/s = decode steps with active batch <= {s['longtail_batch']}: their tokens/s vs plain's "
+        "(wall; CPU; a throughput ratio, not `make run`'s equal-occupancy long-tail speed-up: peers have no "
+        "per-step log). tau = (accepted + 1) per verify step with a draft. Flag = mean response length > 15% off "
         "plain's (lossless sanity check failed). Same tokens as plain = share of responses token-identical to "
         "tailspec plain's in the same repetition (lossless deterministic drafters: 100% up to float round-off; "
         "peers sample differently: -).",
@@ -49,7 +50,7 @@ def _sequential(result: dict) -> list[str]:
     flagged = {c for c, d in result["lengths"].items() if d.get("flag")}
     lines = [
         "| batch | config | makespan s | speedup | CPU speedup | tok/s | tail s | long-tail s "
-        "| long-tail speedup | long-tail CPU speedup | tau | mean len | EOS | same tokens as plain | flag |",
+        "| long-tail tok/s x | long-tail CPU tok/s x | tau | mean len | EOS | same tokens as plain | flag |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for b, row in result["results"].items():
