@@ -85,9 +85,7 @@ def long_tail(
     out: dict[int, list[float]] = {}
     for s in step_log:
         if s.batch_size <= max_batch:
-            acc = out.setdefault(int(s.batch_size), [0.0, 0])
-            acc[0] += (s.cpu_seconds or 0.0) if cpu else s.seconds
-            acc[1] += s.committed
+            add_long_tail(out, {s.batch_size: ((s.cpu_seconds or 0.0) if cpu else s.seconds, s.committed)})
     return out
 
 
