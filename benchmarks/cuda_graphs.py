@@ -15,9 +15,16 @@ For each model and batch size B, two measurements, eager and graphed interleaved
   and on, B requests prefilled with ``--context`` tokens, the two engines stepped alternately; the median
   of ``StepRecord.seconds`` after the first three steps (the graph captures happen there).
 
-Models: ``base_policy`` (the committed policy, fp32, ~2 M parameters) and ``qwen2-0.5b`` (Qwen2-0.5B's
-shapes with random weights, bf16). Writes ``benchmarks/results/cuda_graphs.json`` (ratios eager / graph
-> 1 mean graphs are faster) and ``benchmarks/results/cuda_graphs.png``.
+* **memory bound**: the least time a plain decode step can take on this card, ``decode_bytes`` (every weight
+  the forward reads once, plus each request's cached keys and values) over the card's measured bandwidth
+  (``benchmarks.machine.measure_memory_bandwidth``: the faster of a read and a copy); ``*_vs_bound`` is a
+  step's time over it (1.0 = at the bound; serving engines such as vLLM and SGLang run within ~1.5x at small
+  batch).
+
+Models: ``base_policy`` (the committed policy, fp32, ~2 M parameters), ``qwen2-0.5b`` (Qwen2-0.5B's shapes
+with random weights, bf16) and any real shape label of ``services/rollout_actor/shapes.py`` (``qwen2.5-7b``,
+...: random weights, bf16). Writes ``benchmarks/results/cuda_graphs.json`` (ratios eager / graph > 1 mean
+graphs are faster) and ``benchmarks/results/cuda_graphs.png``.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.machine import describe_machine
+from benchmarks.machine import describe_machine, measure_memory_bandwidth
 from services.rollout_actor.cuda_graphs import (
     CudaGraphPool,
     GraphedForward,
@@ -40,6 +47,7 @@ from services.rollout_actor.cuda_graphs import (
 )
 from services.rollout_actor.engine import Engine, GenerationRequest, SamplingParams
 from services.rollout_actor.model import ModelConfig, Transformer
+from services.rollout_actor.shapes import REAL_SHAPES, build_model
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "results" / "cuda_graphs.json"
@@ -67,7 +75,25 @@ def load_model(name: str, device: torch.device) -> tuple[Transformer, str]:
         with torch.device(device):
             model = Transformer(QWEN2_05B)  # random weights: step time does not depend on their values
         return model.to(torch.bfloat16).eval(), "bfloat16"
-    raise SystemExit(f"unknown model {name!r} (base_policy, qwen2-0.5b)")
+    if name in REAL_SHAPES:
+        model = build_model(name, device)
+        return model, str(next(model.parameters()).dtype).removeprefix("torch.")
+    raise SystemExit(f"unknown model {name!r} (base_policy, qwen2-0.5b, {', '.join(REAL_SHAPES)})")
+
+
+def decode_bytes(model: Transformer, batch: int, context: int) -> int:
+    """Bytes one plain decode step of ``batch`` requests with ``context`` cached tokens each must read at least:
+    every parameter once (the input embedding only when it is tied to the output layer; otherwise the step
+    reads ``batch`` of its rows, left out) plus the cached keys and values, ``batch x context x layers x 2 x
+    kv_heads x head_dim`` elements of the parameters' size."""
+    cfg = model.config
+    params = {id(p): p for p in model.parameters()}.values()
+    nbytes = sum(p.numel() * p.element_size() for p in params)
+    emb = model.model.embed_tokens.weight
+    if not cfg.tie_word_embeddings:
+        nbytes -= emb.numel() * emb.element_size()
+    kv = batch * context * cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim
+    return nbytes + kv * emb.element_size()
 
 
 def _median_ms(xs: list[float]) -> float:
@@ -179,6 +205,8 @@ def plot(result: dict, path: Path) -> None:
         ax.plot(
             b, [r["engine_step_graph_ms"] for r in rows], "s--", color="tab:blue", label="engine step, graph"
         )
+        if "engine_step_bound_ms" in rows[0]:
+            ax.plot(b, [r["engine_step_bound_ms"] for r in rows], ":", color="black", label="memory bound")
         ax.set_xscale("log", base=2)
         ax.set_xticks(b, [str(x) for x in b])
         ax.set_xlabel("batch (requests)")
@@ -230,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
 
     dev = torch.device("cuda")
     batches = [int(x) for x in args.batches.split(",")]
+    bw = measure_memory_bandwidth(mib=2048, repeats=10, device=dev)
+    gbps = max(bw["read_gbps_best"], bw["copy_gbps_best"])
+    print(
+        f"memory bandwidth: read {bw['read_gbps_best']:.0f} GB/s, copy {bw['copy_gbps_best']:.0f} GB/s",
+        flush=True,
+    )
     result = {
         "benchmark": "cuda_graphs",
         "skipped": False,
@@ -240,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         "forward_steps_per_round": args.steps,
         "rounds": args.rounds,
         "engine_steps": args.engine_steps,
+        "memory_bandwidth": bw,
+        "bound_gbps": gbps,
         "models": {},
     }
     for name in args.models.split(","):
@@ -249,13 +285,23 @@ def main(argv: list[str] | None = None) -> int:
             row = {"batch": b}
             row.update(time_forward(model, b, args.context, args.steps, args.rounds, args.seed + b))
             row.update(time_engine(model, b, args.context, args.engine_steps, args.seed + b))
+            # the forward attends ``context`` cached tokens; the engine's steps ``context`` + 3 .. + steps
+            for key, ctx in (
+                ("forward", args.context),
+                ("engine_step", args.context + args.engine_steps // 2),
+            ):
+                nbytes = decode_bytes(model, b, ctx)
+                row[f"{key}_bound_ms"] = 1e3 * nbytes / (gbps * 1e9)
+                row[f"{key}_bytes"] = nbytes
+                row[f"{key}_graph_vs_bound"] = row[f"{key}_graph_ms"] / row[f"{key}_bound_ms"]
             rows.append(row)
             print(
                 f"{name:12s} batch {b:3d}: forward {row['forward_eager_ms']:.3f} -> "
                 f"{row['forward_graph_ms']:.3f} ms (x{row['forward_speedup']:.2f}); engine step "
                 f"{row['engine_step_eager_ms']:.3f} -> {row['engine_step_graph_ms']:.3f} ms "
                 f"(x{row['engine_speedup']:.2f}); "
-                f"same tokens {row['engine_same_tokens']}",
+                f"same tokens {row['engine_same_tokens']}; memory bound {row['engine_step_bound_ms']:.3f} ms "
+                f"(engine step graph / bound {row['engine_step_graph_vs_bound']:.2f}x)",
                 flush=True,
             )
         result["models"][name] = {

@@ -70,21 +70,31 @@ def describe_machine() -> dict:
     }
 
 
-def measure_memory_bandwidth(mib: int = 256, repeats: int = 5) -> dict:
-    """Memory bandwidth in GB/s: ``read`` (a float32 sum over ``mib`` MiB) and ``copy`` (``dst.copy_(src)``,
-    counted as read + write = 2x the size). Best and median of ``repeats`` timed runs after one warm-up,
-    with ``torch.get_num_threads()`` threads (on a shared machine the best run is the least disturbed)."""
+def measure_memory_bandwidth(mib: int = 256, repeats: int = 5, device: str | torch.device = "cpu") -> dict:
+    """Memory bandwidth of ``device`` in GB/s: ``read`` (a float32 sum over ``mib`` MiB) and ``copy``
+    (``dst.copy_(src)``, counted as read + write = 2x the size). Best and median of ``repeats`` timed runs after
+    one warm-up, with ``torch.get_num_threads()`` threads on CPU (on a shared machine the best run is the least
+    disturbed); on CUDA each run is timed between two device synchronizations."""
+    device = torch.device(device)
     n = mib * (1 << 20) // 4
-    src = torch.ones(n, dtype=torch.float32)
+    src = torch.ones(n, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     nbytes = src.numel() * src.element_size()
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     read, copy = [], []
     for i in range(repeats + 1):
+        sync()
         t = time.perf_counter()
         s = src.sum()
+        sync()
         t_read = time.perf_counter() - t
         t = time.perf_counter()
         dst.copy_(src)
+        sync()
         t_copy = time.perf_counter() - t
         if i:  # the first pass faults the pages in
             read.append(nbytes / t_read / 1e9)
@@ -98,6 +108,7 @@ def measure_memory_bandwidth(mib: int = 256, repeats: int = 5) -> dict:
         "tensor_mib": mib,
         "repeats": repeats,
         "torch_num_threads": torch.get_num_threads(),
+        "device": str(device),
         "method": "float32 sum (read) and copy_ (read+write) over a tensor larger than the caches",
     }
 

@@ -221,18 +221,28 @@ def cuda_graphs_markdown(path: Path) -> str:
     lines = [
         head
         + f"Measured on {d['gpu']} (CUDA {d.get('cuda_version')}, torch {m.get('torch_version')}; not this "
-        f"machine unless it has that GPU), {d['context']} cached tokens per request; ms per decode step, medians.",
+        f"machine unless it has that GPU), {d['context']} cached tokens per request; ms per decode step, medians"
+        + (
+            f"; memory bound = bytes a step reads (weights + KV) / {d['bound_gbps']:.0f} GB/s measured on that card. "
+            "Same tokens: greedy decoding with and without graphs; in bf16 the graph's padded key length can round "
+            "a near-tie of random weights the other way (max logit diff)."
+            if "bound_gbps" in d
+            else "."
+        ),
         "",
         "| model | batch | forward eager | forward graph | speed-up | engine step eager | engine step graph "
-        "| speed-up | same tokens |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| speed-up | memory bound | engine step graph / bound | max logit diff | same tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, mod in d["models"].items():
         for r in mod["rows"]:
+            bound = r.get("engine_step_bound_ms")
             lines.append(
                 f"| {name} ({mod['dtype']}) | {r['batch']} | {r['forward_eager_ms']:.3f} | "
                 f"{r['forward_graph_ms']:.3f} | {r['forward_speedup']:.2f}x | {r['engine_step_eager_ms']:.3f} | "
-                f"{r['engine_step_graph_ms']:.3f} | {r['engine_speedup']:.2f}x | {r['engine_same_tokens']} |"
+                f"{r['engine_step_graph_ms']:.3f} | {r['engine_speedup']:.2f}x | "
+                + (f"{bound:.3f} | {r['engine_step_graph_vs_bound']:.2f}x" if bound else "- | -")
+                + f" | {r['forward_max_abs_logit_diff']:.3g} | {r['engine_same_tokens']} |"
             )
     return "\n".join(lines) + "\n"
 

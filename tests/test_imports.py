@@ -218,6 +218,31 @@ def test_in_function_project_imports_are_commented():
     )
 
 
+BLOCKER = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("ray", "grpc_health") or name.endswith("_pb2_grpc"):
+            raise ImportError("blocked " + name)
+sys.meta_path.insert(0, Block())
+"""
+
+
+def test_engine_and_tuner_run_in_process_without_ray_or_grpc_stubs():
+    """A GPU machine may have neither Ray nor a grpcio new enough for the generated stubs: the engine, the
+    drafters, the tuner (service and selector) and trace replay must import there."""
+    import subprocess
+
+    code = BLOCKER + (
+        "import benchmarks.trace_replay.__main__, benchmarks.cuda_graphs\n"
+        "import services.tuner.service, services.tuner.selector, services.rollout_actor.engine\n"
+        "services.tuner.service.TunerService(available_drafters=['suffix']).merge([])\n"
+        "print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
 def _long_files() -> dict[str, int]:
     out = {}
     for root in ("services", "benchmarks"):

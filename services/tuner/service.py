@@ -17,12 +17,8 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from services.common.grpc_auth import require_token
-from services.common.grpc_server import GrpcServer, expose
-from services.common.proto_gen.tailspec.v1 import tuner_pb2_grpc
 from services.tuner.arms import Arm, Drafter, TunerConfigError, default_arms, parse_arms
 from services.tuner.bandit import BanditConfig, BucketedBandit
-from services.tuner.grpc_service import TunerGrpc
 
 
 def load_state_file(bandit: BucketedBandit, path: str, key: str = "tuner.init_state") -> dict:
@@ -91,6 +87,13 @@ class TunerService:
     def serve(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> str:
         """Serve ``tailspec.v1.TunerService`` (plus health) from this process; returns ``host:port``. Every
         call must carry ``token`` (required)."""
+        # gRPC is imported here, not at the top: the tuner also runs in-process without it (trace replay on a
+        # GPU machine whose grpcio is older than the generated stubs need).
+        from services.common.grpc_auth import require_token
+        from services.common.grpc_server import GrpcServer, expose
+        from services.common.proto_gen.tailspec.v1 import tuner_pb2_grpc
+        from services.tuner.grpc_service import TunerGrpc
+
         adapter = TunerGrpc(self)
         self.server = GrpcServer(
             [expose(tuner_pb2_grpc.TunerServiceServicer, adapter)],

@@ -26,12 +26,33 @@ def test_without_cuda_a_skip_keeps_a_measured_result(tmp_path, capsys):
 
 def test_summary_table_names_the_gpu_and_every_row(tmp_path):
     d = json.loads(MEASURED.read_text())
-    assert d["skipped"] is False  # the committed result was measured (on an H200)
+    assert d["skipped"] is False  # the committed result was measured on a GPU
     md = cuda_graphs_markdown(MEASURED)
-    assert d["gpu"] in md
+    assert d["gpu"] in md and f"{d['bound_gbps']:.0f} GB/s" in md
     rows = [line for line in md.splitlines() if line.startswith("| ") and "x |" in line]
-    assert len(rows) == sum(len(m["rows"]) for m in d["models"].values())
-    assert all(line.endswith("| True |") for line in rows)  # graphs on and off gave the same tokens
+    want = [
+        (r["engine_same_tokens"], r["engine_step_graph_vs_bound"])
+        for m in d["models"].values()
+        for r in m["rows"]
+    ]
+    assert len(rows) == len(want)
+    for line, (same, vs_bound) in zip(rows, want):
+        assert line.endswith(f"| {same} |") and f"| {vs_bound:.2f}x |" in line
     skipped = tmp_path / "skipped.json"
     skipped.write_text(json.dumps({"benchmark": "cuda_graphs", "skipped": True, "reason": "no CUDA"}))
     assert "Skipped: no CUDA" in cuda_graphs_markdown(skipped)
+
+
+def test_decode_bytes_counts_each_weight_once_and_the_cache_per_token():
+    from benchmarks.cuda_graphs import decode_bytes
+    from services.rollout_actor.model import Transformer, init_weights
+    from tests.conftest import tiny_config
+
+    for tied in (True, False):
+        cfg = tiny_config(tie_word_embeddings=tied)
+        m = init_weights(Transformer(cfg), seed=0)
+        emb = cfg.vocab_size * cfg.hidden_size * 4  # float32
+        weights = sum(p.numel() * 4 for p in {id(p): p for p in m.parameters()}.values())
+        per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 4
+        assert decode_bytes(m, 1, 0) == weights - (0 if tied else emb)
+        assert decode_bytes(m, 3, 10) - decode_bytes(m, 1, 0) == 3 * 10 * per_token
