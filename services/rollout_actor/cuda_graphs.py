@@ -21,6 +21,9 @@ fixed shapes and fixed addresses, so the pool keeps one graph per shape:
 * **Replay.** The real rows are copied into the key's static input buffers (padding rows hold fixed pad
   values: the KV-cache slot of a padding row is a scratch slot no request uses), the graph is replayed, and
   the static outputs are returned sliced to the real batch. They are views, valid until the pool's next call.
+  ``GraphedForward``'s graphs end at the final norm: the output head (one matrix product) runs after the
+  replay, so a graph holds ``[B, T, hidden]`` static outputs, not ``[B, T, vocab]`` logits (for a 152k
+  vocabulary at batch 8 and width 17, 1 MB instead of 41 MB), and many more keys fit the memory budget.
 * **Key mismatch.** A batch above the largest bucket, a width above ``max_width`` or a key length above the
   largest key-length bucket runs eagerly (``stats.unbucketed``).
 
@@ -358,8 +361,10 @@ class GraphedForward:
             attn_mask: ``[B, T, T]`` bool mask among the new tokens, or None: causal.
 
         Returns:
-            ``ForwardOutput`` with logits ``[B, T, V]`` and the hidden states ``[B, T, H]`` of
-            ``hidden_layers``, valid until the next call. Raises ``ValueError`` when the cache would overflow.
+            ``ForwardOutput`` with logits ``[B, T, V]`` (the output head runs after the replay, outside the
+            graph: a graph holding ``[B, T, V]`` static logits would take vocab / hidden times the memory) and
+            the hidden states ``[B, T, H]`` of ``hidden_layers``, valid until the next call. Raises
+            ``ValueError`` when the cache would overflow.
         """
         b, t = input_ids.shape
         base = self.cache.lengths[slots]
@@ -377,8 +382,10 @@ class GraphedForward:
             inputs["attn_mask"] = causal.expand(b, t, t) if attn_mask is None else attn_mask
             pad.update(positions=0, attn_mask=causal)
         outs = self.pool.run(self._forward, inputs, width=t, kv_need=longest + t, tree=tree, pad=pad)
+        final = outs[f"hidden.{self.model.config.num_hidden_layers}"]
         hidden = {int(name.split(".", 1)[1]): h for name, h in outs.items() if name.startswith("hidden.")}
-        return ForwardOutput(outs["logits"], hidden)
+        hidden = {layer: h for layer, h in hidden.items() if layer in self.hidden_layers}
+        return ForwardOutput(self.model.lm_head(final), hidden)
 
     def _forward(self, inputs: Mapping[str, torch.Tensor], kv_len: int) -> Outputs:
         out = self.model(
@@ -387,12 +394,11 @@ class GraphedForward:
             cache=self.cache,
             slots=inputs["slots"],
             attn_mask=inputs.get("attn_mask"),
-            hidden_layers=self.hidden_layers,
+            hidden_layers=(*self.hidden_layers, self.model.config.num_hidden_layers),
             kv_len=kv_len,
+            head=False,
         )
-        outs = {"logits": out.logits}
-        outs.update((f"hidden.{layer}", h) for layer, h in out.hidden.items())
-        return outs
+        return {f"hidden.{layer}": h for layer, h in out.hidden.items()}
 
     def _causal_mask(self, t: int, device: torch.device) -> torch.Tensor:
         m = self._causal.get(t)

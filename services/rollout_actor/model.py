@@ -364,9 +364,10 @@ class _Backbone(nn.Module):
 
 @dataclass
 class ForwardOutput:
-    """logits: ``[B, T, V]`` (or ``[B, 1, V]`` with ``last_only``); hidden: layer index -> ``[B, T, H]``."""
+    """logits: ``[B, T, V]`` (or ``[B, 1, V]`` with ``last_only``; None with ``head=False``); hidden: layer index ->
+    ``[B, T, H]``."""
 
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     hidden: dict[int, torch.Tensor]
 
 
@@ -393,6 +394,7 @@ class Transformer(nn.Module):
         last_only: bool = False,
         logits_at: torch.Tensor | None = None,
         kv_len: int | None = None,
+        head: bool = True,
     ) -> ForwardOutput:
         """Run the decoder.
 
@@ -413,6 +415,8 @@ class Transformer(nn.Module):
                 kv_len <= max_len``. The forward then has static shapes and no host synchronization (no
                 ``.item()``, no branching on tensor values), as CUDA-graph capture requires
                 (``cuda_graphs.GraphedForward``). Default: ``max(lengths[slots]) + T``, checked on the host.
+            head: False skips the output head (``logits`` is None; ask for the final state with
+                ``hidden_layers``): ``GraphedForward`` runs it after the graph, which then holds no logits.
 
         Returns:
             ``ForwardOutput``. Raises ``ValueError`` when the cache would overflow.
@@ -468,6 +472,8 @@ class Transformer(nn.Module):
         x = self.model.norm(x)
         if cfg.num_hidden_layers in want:
             hidden[cfg.num_hidden_layers] = x
+        if not head:
+            return ForwardOutput(None, hidden)
         if last_only:
             x = x[:, -1:]
         elif logits_at is not None:

@@ -490,3 +490,32 @@ def test_cuda_graph_memory_budget_is_respected(cuda_model):
         if budget == 0:
             assert s.captures == 0 and s.fallbacks == s.calls
         assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
+
+
+class ShapeRecordingBackend(FakeGraphBackend):
+    """A fake backend that records the shapes of each captured graph's static outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.output_shapes: list[dict[str, tuple]] = []
+
+    def capture(self, fn):
+        replay, outputs, nbytes = super().capture(fn)
+        self.output_shapes.append({k: tuple(v.shape) for k, v in outputs.items()})
+        return replay, outputs, nbytes
+
+
+def test_graphs_hold_no_logits_the_output_head_runs_after_the_replay():
+    m = init_weights(Transformer(tiny_config(vocab_size=512, hidden_size=32)), seed=0, std=0.3).eval()
+    prompts = [[5, 6, 7], [9, 10, 11, 12]]
+    eager_cache, graph_cache = _prefilled(m, prompts, 2), _prefilled(m, prompts, 3)
+    backend = ShapeRecordingBackend()
+    graphed = GraphedForward(m, graph_cache, 2, _pool(backend, kv_buckets=(16,)), hidden_layers=(1,))
+    ids, slots = torch.tensor([[3, 4, 5], [6, 7, 8]]), torch.arange(2)
+    out = graphed(ids, slots)
+    ref = m(ids, cache=eager_cache, slots=slots, hidden_layers=(1,))
+    torch.testing.assert_close(out.logits, ref.logits, atol=2e-4, rtol=1e-4)
+    assert out.hidden.keys() == {1}
+    assert backend.output_shapes and all(
+        shape[-1] == 32 for shapes in backend.output_shapes for shape in shapes.values()
+    )
