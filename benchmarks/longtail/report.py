@@ -37,7 +37,7 @@ def _header(result: dict) -> list[str]:
         "",
         "Speedup = tailspec `plain` / config at the same batch size (makespan; CPU = process CPU time). "
         f"Long-tail tok/s = decode steps with active batch <= {s['longtail_batch']}: their tokens/s vs plain's "
-        "(wall; CPU; a throughput ratio, not `make run`'s equal-occupancy long-tail speed-up: peers have no "
+        "(wall; CPU; a throughput ratio, not `make run`'s last-N-tokens long-tail speed-up: peers have no "
         "per-step log). tau = (accepted + 1) per verify step with a draft. Flag = mean response length > 15% off "
         "plain's (lossless sanity check failed). Same tokens as plain = share of responses token-identical to "
         "tailspec plain's in the same repetition (lossless deterministic drafters: 100% up to float round-off; "

@@ -4,6 +4,7 @@ Run from the repository root::
 
     python -m benchmarks.trace_replay [--quick] [--shapes tiny,qwen2.5-0.5b] [--batches 1,8,32,128]
                                       [--device cpu|cuda] [--problems 40] [--warm-problems 10] [--rounds 3]
+                                      [--arms suffix-k8,...] [--warm-passes 3]
 
 For each shape (``services/rollout_actor/shapes.py``: the embedded ``tiny`` policy, or Qwen2.5 / Llama-3.1
 sizes with random weights) and max batch size (continuous batching), the engine replays the recorded responses
@@ -13,11 +14,12 @@ problem submitted together) under plain decoding, every fixed deterministic draf
 ``plain-again`` (the A/A control), all in this one process, in interleaved rounds (round r runs every
 configuration once, in the order rotated by r: ABC, BCA, ...). Every output is checked to equal its trace.
 
-Reported per configuration (``report.py``): makespan (s), the long-tail phase (decode steps with <= 8 active
-requests: seconds, tokens; its speedup at equal occupancy and work), tau (``1 + accepted / verify steps`` over drafted steps), acceptance by
-draft position, speedups vs plain (paired per round, median), and a long-tail step's milliseconds split into
-drafting, the target forward and the engine's own work (verify batch, acceptance rule, commit). ``headline``: one entry per (device, shape,
-batch). Writes ``benchmarks/results/trace_replay.{json,md,png}`` (``--out-dir``, ``--name``), rewritten after
+Reported per configuration (``report.py``): makespan (s), the long tail (the seconds for the rollout's last N
+tokens, N = the tokens plain decoding commits with <= 8 active requests), tau (``1 + accepted / verify steps``
+over drafted steps), acceptance by draft position, speedups vs plain (paired per round, median), and a step's
+milliseconds with <= 8 active requests split into drafting, the target forward and the engine's own work (verify
+batch, acceptance rule, commit; on CUDA the forward is its launch, the kernels' time lands in the rest).
+``headline``: one entry per (device, shape, batch). Writes ``benchmarks/results/trace_replay.{json,md,png}`` (``--out-dir``, ``--name``), rewritten after
 every (shape, batch) so a long run keeps what it measured.
 
 ``--quick``: the ``tiny`` shape on CPU, 8 problems (8 others to warm up: their rollouts reach the measured
@@ -26,6 +28,8 @@ run's batch sizes, as a long run's earlier steps do), max batch 8 and 32, the ar
 at a time in each of ~12 runs.
 ``--device cuda``: default shapes Qwen2.5-1.5B and Qwen2.5-7B in bf16 (the engine replays CUDA graphs). No Ray
 is imported (the engine, drafters and tuner policy run in this process).
+``--problems`` may list one count per max batch size (``--batches 8,128 --problems 8,32``): a large batch needs
+enough requests to fill it, a small one runs long on many.
 """
 
 from __future__ import annotations
@@ -64,7 +68,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--shapes", type=_names, default=None, help=f"comma list of {', '.join(SHAPES)}")
     ap.add_argument("--batches", type=_ints, default=None, help="max batch sizes (default 1,8,32,128)")
-    ap.add_argument("--problems", type=int, default=None, help="measure the first N problems (default 40)")
+    ap.add_argument(
+        "--problems",
+        type=_ints,
+        default=None,
+        help="measure the first N problems (default 40); a comma list gives one N per --batches entry",
+    )
     ap.add_argument(
         "--warm-problems", type=int, default=None, help="the next N problems warm the tuner up (default 10)"
     )
@@ -93,10 +102,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if bad:
         ap.error(f"unknown shape(s) {bad}; known: {', '.join(SHAPES)}")
     a.batches = a.batches or ([8, 32] if a.quick else [1, 8, 32, 128])
-    a.problems = a.problems or (8 if a.quick else 40)
+    a.problems = a.problems or [8 if a.quick else 40]
+    if len(a.problems) == 1:
+        a.problems = a.problems * len(a.batches)
+    if len(a.problems) != len(a.batches):
+        ap.error(f"--problems lists {len(a.problems)} counts for {len(a.batches)} --batches")
     if a.warm_problems is None:
         a.warm_problems = 8 if a.quick else 10
-    if a.problems < 1 or a.warm_problems < 0 or a.problems + a.warm_problems > workload.NUM_PROBLEMS:
+    if (
+        min(a.problems) < 1
+        or a.warm_problems < 0
+        or max(a.problems) + a.warm_problems > workload.NUM_PROBLEMS
+    ):
         ap.error(f"--problems + --warm-problems must be <= {workload.NUM_PROBLEMS} (and --problems >= 1)")
     a.rounds = a.rounds or (2 if a.quick else 3)
     a.arms = a.arms or (list(QUICK_ARMS) if a.quick else None)
@@ -117,8 +134,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
     dev_name = device_name(args.device)
-    all_rows = workload.load_rows(problems=args.problems + args.warm_problems)
-    rows, warm_rows = all_rows[: args.problems], all_rows[args.problems :]
+    all_rows = workload.load_rows(problems=max(args.problems) + args.warm_problems)
     result: dict = {
         "device": dev_name,
         "machine": describe_machine(),
@@ -127,8 +143,8 @@ def run(args: argparse.Namespace) -> dict:
         },
         "workload": {
             "traces": str(workload.TRACES.relative_to(REPO)),
-            "problems": len(rows),
-            "warm_problems": len(warm_rows),
+            "problems": dict(zip(args.batches, args.problems)),
+            "warm_problems": args.warm_problems,
             "warm_passes": args.warm_passes,
             "group": workload.GROUP,
             "history_epoch": workload.HISTORY_EPOCH,
@@ -148,16 +164,21 @@ def run(args: argparse.Namespace) -> dict:
         t = time.perf_counter()
         model = build_model(shape, args.device, seed=args.seed)
         tok = load_tokenizer(shape)
-        problems = workload.tokenize(rows, tok, cfg.vocab_size, cfg.eos_ids())
-        warm_problems = workload.tokenize(warm_rows, tok, cfg.vocab_size, cfg.eos_ids())
-        desc = workload.describe(problems, workload.MEASURED_EPOCH)
+        tokenized = workload.tokenize(all_rows, tok, cfg.vocab_size, cfg.eos_ids())
         print(
             f"[trace_replay] {shape} on {dev_name}: {model.num_parameters() / 1e6:.1f}M params, "
-            f"{next(model.parameters()).dtype}, built in {time.perf_counter() - t:.1f}s; measured epoch "
-            f"{desc['requests']} requests, {desc['response_tokens']} tokens (max {desc['response_tokens_max']})",
+            f"{next(model.parameters()).dtype}, built in {time.perf_counter() - t:.1f}s",
             flush=True,
         )
-        for batch in args.batches:
+        for batch, n in zip(args.batches, args.problems):
+            problems = tokenized[:n]
+            warm_problems = tokenized[n : n + args.warm_problems]
+            desc = workload.describe(problems, workload.MEASURED_EPOCH)
+            print(
+                f"[trace_replay]   b={batch}: measured epoch {desc['requests']} requests, "
+                f"{desc['response_tokens']} tokens (max {desc['response_tokens_max']})",
+                flush=True,
+            )
             bench = ReplayBench(model, problems, batch, args.longtail_batch, args.seed, warm_problems)
             warm = bench.warm(args.warm_passes)
             print(

@@ -2,9 +2,10 @@
 
 Speedups are paired: in each round, plain's value over the configuration's, then the median over rounds. In
 replay every configuration decodes the same tokens, so the makespan ratio compares the same work; the long-tail
-speedup (steps with <= ``longtail_batch`` active requests) compares equal occupancy and work
-(``services.rollout_actor.speculative.stats.long_tail_speedup``), because a configuration that finishes some
-requests sooner enters that phase with other work left.
+speedup compares each run's seconds for the rollout's last N tokens, N = the tokens plain decoding commits with
+<= ``longtail_batch`` active requests (``services.rollout_actor.speculative.stats.long_tail_speedup``): equal
+work, where the phase's own seconds would not be (a configuration that finishes some requests sooner enters that
+phase later, with less left).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.trace_replay.runner import ADAPTIVE, FIXED_ARMS, PLAIN, PLAIN_AGAIN, ReplayRun
-from services.rollout_actor.speculative.stats import long_tail_speedup
 
 HEADLINE_KEYS = (
     "device",
@@ -36,8 +36,8 @@ def _median(xs: Sequence[float]) -> float | None:
 
 def summarize(runs: Sequence[ReplayRun], configs: Sequence[str]) -> dict:
     """Per configuration: medians over rounds (makespan, long-tail seconds / tokens / CPU seconds), paired
-    speedups vs plain (makespan; long tail at equal occupancy, by wall and by CPU time), tau and acceptance by draft
-    position pooled over rounds, replay exactness; plus the A/A control (plain / plain-again per round)."""
+    speedups vs plain (makespan; the long tail by wall and by CPU time), tau and acceptance by draft position
+    pooled over rounds, replay exactness; plus the A/A control (plain / plain-again per round)."""
     plain = {r.rep: r for r in runs if r.config == PLAIN}
     out: dict[str, dict] = {}
     for c in configs:
@@ -60,15 +60,13 @@ def summarize(runs: Sequence[ReplayRun], configs: Sequence[str]) -> dict:
             "cpu_s": _median([r.cpu_s for r in rs]),
             "longtail_s": _median([r.longtail_s for r in rs]),
             "longtail_tokens": _median([r.longtail_tokens for r in rs]),
-            "longtail_steps": _median([r.longtail_steps for r in rs]),
+            "phase_steps": _median([r.phase_steps for r in rs]),
             "tokens": rs[0].tokens,
             "steps": _median([r.steps for r in rs]),
             "makespan_speedup": _median([p.makespan_s / r.makespan_s for p, r in pairs if r.makespan_s > 0]),
-            "longtail_speedup": _median(
-                [long_tail_speedup(p.longtail_by_batch, r.longtail_by_batch) for p, r in pairs]
-            ),
+            "longtail_speedup": _median([p.longtail_s / r.longtail_s for p, r in pairs if r.longtail_s > 0]),
             "longtail_cpu_speedup": _median(
-                [long_tail_speedup(p.longtail_cpu_by_batch, r.longtail_cpu_by_batch) for p, r in pairs]
+                [p.longtail_cpu_s / r.longtail_cpu_s for p, r in pairs if r.longtail_cpu_s > 0]
             ),
             "tau": 1 + accepted / verify if verify else None,
             "draft_rate": verify / max(1, sum(r.tokens for r in rs)),
@@ -81,11 +79,9 @@ def summarize(runs: Sequence[ReplayRun], configs: Sequence[str]) -> dict:
             out[c]["strategies"] = dict(sorted(strategies.items(), key=lambda kv: -kv[1]))
     aa = [p.makespan_s / r.makespan_s for r in runs if r.config == PLAIN_AGAIN and (p := plain.get(r.rep))]
     aa_lt = [
-        x
+        p.longtail_s / r.longtail_s
         for r in runs
-        if r.config == PLAIN_AGAIN
-        and (p := plain.get(r.rep))
-        and (x := long_tail_speedup(p.longtail_by_batch, r.longtail_by_batch))
+        if r.config == PLAIN_AGAIN and (p := plain.get(r.rep)) and r.longtail_s > 0
     ]
     return {
         "configs": out,
@@ -101,12 +97,12 @@ def _step_ms(rs: Sequence[ReplayRun]) -> dict | None:
     """A long-tail decode step's mean milliseconds (medians over rounds): ``step``, of which ``draft``
     (proposing), ``forward`` (the target forward) and ``rest`` (building the verify batch, the acceptance rule,
     committing, the drafters' ``observe``: the engine's own work per step)."""
-    rs = [r for r in rs if r.longtail_steps > 0]
+    rs = [r for r in rs if r.phase_steps > 0]
     if not rs:
         return None
     out = {
-        k: _median([1e3 * getattr(r, a) / r.longtail_steps for r in rs])
-        for k, a in (("step", "longtail_s"), ("draft", "longtail_draft_s"), ("forward", "longtail_forward_s"))
+        k: _median([1e3 * getattr(r, a) / r.phase_steps for r in rs])
+        for k, a in (("step", "phase_s"), ("draft", "phase_draft_s"), ("forward", "phase_forward_s"))
     }
     out["rest"] = out["step"] - out["draft"] - out["forward"]
     return out
@@ -148,6 +144,16 @@ def _machine(result: dict) -> str:
     return f" ({m.get('cpu_model')}, load average {m.get('load_average_1_5_15')} at the start)"
 
 
+def _problems(w: dict) -> str:
+    """``workload.problems``: one count, or one per max batch size."""
+    p = w["problems"]
+    if not isinstance(p, dict):
+        return f"{p} problems"
+    if len(set(p.values())) == 1:
+        return f"{next(iter(p.values()))} problems"
+    return "problems per max batch size " + ", ".join(f"{n} (b={b})" for b, n in p.items())
+
+
 def write_markdown(result: dict, path: Path) -> str:
     """The headline table and, per (shape, batch), every configuration's row. Returns the text."""
     w = result["workload"]
@@ -155,13 +161,14 @@ def write_markdown(result: dict, path: Path) -> str:
         "## Trace replay (`python -m benchmarks.trace_replay`)",
         "",
         f"Real Qwen2.5-Math MATH rollouts replayed token for token (`GenerationRequest.reference`) on model shapes "
-        f"with random weights: {w['problems']} problems, epoch {w['measured_epoch']} measured ({w['group']} "
+        f"with random weights: {_problems(w)}, epoch {w['measured_epoch']} measured ({w['group']} "
         f"responses per problem, all submitted together), epoch {w['history_epoch']} as history; the adaptive "
         f"tuner warmed up on the history epoch, then {w.get('warm_problems', 0)} other problems (both epochs, "
         f"{w.get('warm_passes', 1)} passes; its last rollout drafts with a history, as every RL step after the "
         "first); "
-        f"{result['settings']['rounds']} interleaved rounds; long tail = steps with <= "
-        f"{result['settings']['longtail_batch']} active requests. Speedups: paired medians vs plain; "
+        f"{result['settings']['rounds']} interleaved rounds; long tail = the rollout's last N tokens, N = those "
+        f"plain decoding commits with <= {result['settings']['longtail_batch']} active requests (equal work for "
+        "every configuration). Speedups: paired medians vs plain; "
         "A/A = |1 - plain/plain-again|, largest over rounds (wall time; CPU-time ratios are steadier on a shared "
         "CPU). tau (best) = the best fixed arm's. Device: "
         f"{result['device']}{_machine(result)}."
@@ -186,8 +193,9 @@ def write_markdown(result: dict, path: Path) -> str:
             f"### {blk['shape']}, max batch {blk['batch']} ({blk['workload']['requests']} requests, "
             f"{blk['workload']['response_tokens']} response tokens)",
             "",
-            "| config | makespan s | x | long-tail s | long-tail x | long-tail CPU x | tau "
-            "| acceptance by position (1..4) | long-tail step ms: draft + forward + rest |",
+            f"| config | makespan s | x | last {_f(blk['summary']['configs'].get(PLAIN, {}).get('longtail_tokens'), '{:.0f}')} "
+            "tokens s | long-tail x | long-tail CPU x | tau "
+            f"| acceptance by position (1..4) | step ms with <= {result['settings']['longtail_batch']} active: draft + forward + rest |",
             "|---|---:|---:|---:|---:|---:|---:|---|---|",
         ]
         for c, d in blk["summary"]["configs"].items():
@@ -222,7 +230,7 @@ def write_plot(result: dict, path: Path) -> None:
     for row, shape in zip(axes, shapes):
         blks = [b for b in result["results"] if b["shape"] == shape]
         for ax, key, title in (
-            (row[0], "longtail_speedup", "long-tail (equal occupancy)"),
+            (row[0], "longtail_speedup", "long-tail (the last tokens)"),
             (row[1], "makespan_speedup", "makespan"),
         ):
             for i, c in enumerate(configs):
@@ -240,3 +248,22 @@ def write_plot(result: dict, path: Path) -> None:
     fig.tight_layout(rect=(0, 0.05, 1, 0.97))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m benchmarks.trace_replay.report RESULT.json ...``: rebuild each JSON's markdown and plot beside it
+    (e.g. for a GPU run whose machine sent back only the JSON)."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=main.__doc__.split(":", 1)[1].strip())
+    ap.add_argument("json", nargs="+", type=Path)
+    for path in ap.parse_args(argv).json:
+        result = json.loads(path.read_text())
+        write_markdown(result, path.with_suffix(".md"))
+        write_plot(result, path.with_suffix(".png"))
+        print(f"wrote {path.with_suffix('.md')} and {path.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()

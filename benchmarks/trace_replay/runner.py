@@ -36,7 +36,7 @@ from benchmarks.trace_replay.workload import (
 from services.rollout_actor.drafters import build_drafters
 from services.rollout_actor.engine import Engine, GenerationRequest, RequestOutput
 from services.rollout_actor.model import Transformer
-from services.rollout_actor.speculative.stats import long_tail
+from services.rollout_actor.speculative.stats import long_tail_tokens, tail_seconds
 from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy
 
 PLAIN, PLAIN_AGAIN, ADAPTIVE = "plain", "plain-again", "adaptive"
@@ -72,7 +72,10 @@ def all_configs(fixed: Sequence[str] | None = None) -> list[str]:
 @dataclass
 class ReplayRun:
     """One rollout of the measured epoch under one configuration. Seconds are wall time (``cpu_s``: this
-    process's CPU time); ``longtail_*`` sum the decode steps with at most ``longtail_batch`` active requests."""
+    process's CPU time). ``longtail_s``: the seconds this run took for the rollout's last ``longtail_tokens``
+    tokens, the tokens plain decoding commits with at most ``longtail_batch`` requests active
+    (``stats.long_tail_speedup``). ``phase_*``: this run's own decode steps with at most ``longtail_batch``
+    active requests (what a step there costs)."""
 
     config: str
     batch: int
@@ -81,8 +84,7 @@ class ReplayRun:
     cpu_s: float
     longtail_s: float
     longtail_cpu_s: float
-    longtail_steps: int
-    longtail_tokens: int  # tokens committed in those steps
+    longtail_tokens: int
     steps: int
     tokens: int
     drafted: int
@@ -94,11 +96,10 @@ class ReplayRun:
     requests: int
     capture_s: float = 0.0
     strategies: dict[str, int] = field(default_factory=dict)
-    # ``stats.long_tail``: per active batch size of the long tail, [seconds, tokens] (wall; CPU)
-    longtail_by_batch: dict[int, list[float]] = field(default_factory=dict)
-    longtail_cpu_by_batch: dict[int, list[float]] = field(default_factory=dict)
-    longtail_draft_s: float = 0.0  # of ``longtail_s``: proposing drafts (the selector's choice included)
-    longtail_forward_s: float = 0.0  # of ``longtail_s``: the target forward (``StepRecord.forward_seconds``)
+    phase_steps: int = 0
+    phase_s: float = 0.0
+    phase_draft_s: float = 0.0  # of ``phase_s``: proposing drafts (the selector's choice included)
+    phase_forward_s: float = 0.0  # of ``phase_s``: the target forward (``StepRecord.forward_seconds``)
 
     @property
     def tau(self) -> float | None:
@@ -163,6 +164,9 @@ class ReplayBench:
             cpu_clock=True,
         )
         self.suffix_state: dict | None = None
+        self.tail_tokens: int | None = (
+            None  # plain decoding's long-tail tokens (``ReplayRun.longtail_tokens``)
+        )
         self.history_lengths: list[tuple[str, int]] = []
         self.tuner = None
         self.adaptive = None
@@ -258,7 +262,18 @@ class ReplayBench:
         else:
             raise ValueError(f"unknown configuration {config!r}")
         reqs = requests(self.problems, MEASURED_EPOCH)
+        if self.tail_tokens is None and config not in (
+            PLAIN,
+            PLAIN_AGAIN,
+        ):  # learn it from an untimed plain run
+            steps = self._generate(reqs, {}, FixedStrategy())[3]
+            self.tail_tokens = long_tail_tokens(steps, self.longtail_batch)
         outs, wall, cpu, steps = self._generate(reqs, drafters, selector)
+        if (
+            self.tail_tokens is None
+        ):  # plain's schedule is the trace's: every plain run commits the same steps
+            self.tail_tokens = long_tail_tokens(steps, self.longtail_batch)
+        n = self.tail_tokens
         capture = sum(s.capture_seconds for s in steps)
         tail = [s for s in steps if s.batch_size <= self.longtail_batch]
         res = ReplayRun(
@@ -267,10 +282,9 @@ class ReplayBench:
             rep=rep,
             makespan_s=wall - capture,
             cpu_s=cpu,
-            longtail_s=sum(s.seconds - s.capture_seconds for s in tail),
-            longtail_cpu_s=sum(s.cpu_seconds or 0.0 for s in tail),
-            longtail_steps=len(tail),
-            longtail_tokens=sum(s.committed for s in tail),
+            longtail_s=tail_seconds(steps, n),
+            longtail_cpu_s=tail_seconds(steps, n, cpu=True),
+            longtail_tokens=n,
             steps=len(steps),
             tokens=sum(len(o.token_ids) for o in outs),
             drafted=sum(o.spec.drafted for o in outs),
@@ -281,10 +295,10 @@ class ReplayBench:
             exact=sum(replay_exact(o, r, self.engine.eos) for o, r in zip(outs, reqs)),
             requests=len(reqs),
             capture_s=capture,
-            longtail_by_batch=long_tail(steps, self.longtail_batch),
-            longtail_cpu_by_batch=long_tail(steps, self.longtail_batch, cpu=True),
-            longtail_draft_s=sum(s.draft_seconds for s in tail),
-            longtail_forward_s=sum(s.forward_seconds for s in tail),
+            phase_steps=len(tail),
+            phase_s=sum(s.seconds - s.capture_seconds for s in tail),
+            phase_draft_s=sum(s.draft_seconds for s in tail),
+            phase_forward_s=sum(s.forward_seconds for s in tail),
         )
         if config == ADAPTIVE:
             res.strategies = self.adaptive.drain_choices()

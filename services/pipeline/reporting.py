@@ -160,8 +160,8 @@ def spec_summary(rows: list[dict], strategy: str) -> dict:
         "on the same worker (not the live rollout)",
         "speedup_measurements": len(speedups),
         "long_tail_speedup_vs_plain": float(np.median(tails)) if tails else None,
-        "long_tail_speedup_vs_plain_method": "the same replayed samples, decode steps with <= "
-        f"{LONG_TAIL_BATCH} active requests only, at equal occupancy and work (stats.long_tail_speedup)",
+        "long_tail_speedup_vs_plain_method": "the same replayed samples, seconds for the rollout's last N tokens, "
+        f"N = those plain decoding commits with <= {LONG_TAIL_BATCH} active requests (stats.long_tail_speedup)",
         "step_speedup_vs_plain": float(np.median(steps)) if steps else None,
         "step_speedup_vs_plain_method": "median over the measured steps of step seconds with the rollout scaled by the "
         "replayed sample's speedup, over step seconds",

@@ -37,7 +37,7 @@ from services.rollout_actor.grpc_service import RolloutGrpc
 from services.rollout_actor.model import Transformer
 from services.rollout_actor.shard import RolloutRequest, ShardResult, streams_hidden
 from services.rollout_actor.speculative.hybrid import HybridDrafter
-from services.rollout_actor.speculative.stats import add_long_tail, aggregate, long_tail, long_tail_speedup
+from services.rollout_actor.speculative.stats import aggregate, long_tail_totals
 from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy, StrategySelector
 from services.spot_trainer.buffer import Frame
 from services.spot_trainer.stream import HiddenStateSender
@@ -546,9 +546,9 @@ class RolloutWorker:
     def measure_speedup(self, requests: list[RolloutRequest], repeats: int = 1) -> dict:
         """Replay ``requests`` with speculation off and with this worker's strategy, same seeds, side by side.
 
-        Drafters start from their pre-rollout snapshot (``rollout(..., keep_drafter_snapshot=True)``), and
-        the replay uses fresh seeds so it never sees its own earlier outputs. Returns both modes' seconds and
-        tokens, ``speedup`` (plain / spec seconds), ``long_tail_by_batch`` and ``stats.long_tail_speedup``."""
+        Drafters start from their pre-rollout snapshot (``rollout(..., keep_drafter_snapshot=True)``), and the
+        replay uses fresh seeds so it never sees its own earlier outputs. Returns both modes' seconds and tokens,
+        ``speedup`` (plain / spec seconds), ``long_tail`` (``stats.long_tail_totals``) and ``long_tail_speedup``."""
         if self.strategy.is_off and self.tuned is None:
             return {}
         with self._busy:
@@ -556,11 +556,11 @@ class RolloutWorker:
 
     def _measure_speedup(self, requests: list[RolloutRequest], repeats: int) -> dict:
         out = {"plain_seconds": 0.0, "spec_seconds": 0.0, "plain_tokens": 0, "spec_tokens": 0, "requests": 0}
-        tails: dict[str, dict] = {"plain": {}, "spec": {}}  # per mode, stats.long_tail summed over repeats
-        spec_outs: list = []
+        spec_outs, tail_logs = [], []  # speculative outputs; (plain, spec) step logs per repeat
         for rep in range(repeats):
             reqs = self._requests(requests, seed_offset=1_000_000 * (rep + 1))
             drafters = self._replay_drafters()
+            logs = {}
             for mode in ("plain", "spec") if rep % 2 == 0 else ("spec", "plain"):
                 selector = self._replay_selector() if mode == "spec" else FixedStrategy(Strategy())
                 eng = self._new_engine(drafters if mode == "spec" else {}, selector, stream=False)
@@ -568,13 +568,14 @@ class RolloutWorker:
                 outs = eng.generate(reqs)
                 out[f"{mode}_seconds"] += time.perf_counter() - t0
                 out[f"{mode}_tokens"] += sum(len(o.token_ids) for o in outs)
-                add_long_tail(tails[mode], long_tail(eng.step_log))
+                logs[mode] = eng.step_log
                 if mode == "spec":
                     spec_outs += outs
+            tail_logs.append((logs["plain"], logs["spec"]))
             out["requests"] += len(reqs)
         out["speedup"] = out["plain_seconds"] / max(out["spec_seconds"], 1e-9)
-        out["long_tail_by_batch"] = {m: {str(b): v for b, v in sorted(t.items())} for m, t in tails.items()}
-        out["long_tail_speedup"] = long_tail_speedup(tails["plain"], tails["spec"])
+        out["long_tail"] = long_tail_totals(tail_logs)
+        out["long_tail_speedup"] = out["long_tail"]["speedup"]
         out["tau"] = aggregate(spec_outs)["acceptance_length_mean"]
         return out
 

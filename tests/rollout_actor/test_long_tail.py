@@ -1,5 +1,5 @@
-"""``speculative.stats.long_tail`` / ``long_tail_speedup``: the long-tail phase of a step log per active batch
-size, and speculation's speed-up there at equal occupancy, on hand-made ``StepRecord``s
+"""``speculative.stats.long_tail_tokens`` / ``tail_seconds`` / ``long_tail_speedup`` / ``long_tail_totals``: the
+rollout's last tokens and speculation's speed-up on them, on hand-made ``StepRecord``s
 (``tests/pipeline/test_cli.py`` checks a run's replays)."""
 
 from __future__ import annotations
@@ -9,31 +9,59 @@ import pytest
 from services.rollout_actor.requests import StepRecord
 from services.rollout_actor.speculative.stats import (
     LONG_TAIL_BATCH,
-    add_long_tail,
-    long_tail,
     long_tail_speedup,
+    long_tail_tokens,
+    long_tail_totals,
+    tail_seconds,
 )
 
 
-def _log(batch_tokens_seconds):
-    return [StepRecord(0.0, s, b, "off", t, 0, 0, 0.0, cpu_seconds=s / 2) for b, t, s in batch_tokens_seconds]
+def _log(batch_tokens_seconds, capture=0.0):
+    return [
+        StepRecord(0.0, s, b, "off", t, 0, 0, 0.0, capture_seconds=capture, cpu_seconds=s / 2)
+        for b, t, s in batch_tokens_seconds
+    ]
 
 
-def test_long_tail_sums_the_steps_with_few_active_requests_per_batch_size():
+def test_long_tail_tokens_counts_the_steps_with_few_active_requests():
     log = _log([(16, 16, 0.5), (LONG_TAIL_BATCH, 8, 0.25), (1, 1, 0.125), (1, 5, 0.125)])
-    assert long_tail(log) == {8: [0.25, 8], 1: [0.25, 6]}
-    assert long_tail(log, max_batch=2) == {1: [0.25, 6]}
-    assert long_tail(log, cpu=True) == {8: [0.125, 8], 1: [0.125, 6]}
-    assert add_long_tail(long_tail(log), {"1": [1.0, 2]}) == {8: [0.25, 8], 1: [1.25, 8]}
+    assert long_tail_tokens(log) == 14
+    assert long_tail_tokens(log, max_batch=2) == 6
 
 
-def test_long_tail_speedup_compares_equal_occupancy_and_work():
-    # plain: 4 s at batch 8 (32 tokens), 6 s alone (6 tokens); speculation: 2x faster per token at batch 8, 5x alone,
-    # and it reaches batch 1 with less work left (1 s, 5 tokens): neither a seconds nor a tokens/s ratio says so
-    plain = {8: [4.0, 32], 1: [6.0, 6]}
-    spec = {8: [2.0, 32], 1: [1.0, 5]}
-    assert long_tail_speedup(plain, spec) == pytest.approx(10.0 / (2.0 + 6 * 1.0 / 5))
-    # a size speculation did not decode takes its nearest (ties: the smaller)
-    assert long_tail_speedup(plain, {"8": [2.0, 32]}) == pytest.approx(10.0 / (2.0 + 6 * 2.0 / 32))
-    assert long_tail_speedup({4: [1.0, 4]}, {2: [1.0, 4], 6: [1.0, 8]}) == pytest.approx(1.0)
-    assert long_tail_speedup(plain, {}) is None and long_tail_speedup({}, spec) is None
+def test_tail_seconds_charges_the_crossing_step_by_its_share():
+    log = _log([(16, 16, 0.5), (8, 8, 0.25), (1, 4, 0.125)])
+    assert tail_seconds(log, 4) == pytest.approx(0.125)
+    assert tail_seconds(log, 8) == pytest.approx(0.125 + 0.25 / 2)
+    assert tail_seconds(log, 10**6) == pytest.approx(0.875)  # more than it committed: all of it
+    assert tail_seconds(log, 8, cpu=True) == pytest.approx((0.125 + 0.25 / 2) / 2)
+    assert tail_seconds(_log([(1, 4, 0.5)], capture=0.25), 4) == pytest.approx(0.25)  # capture left out
+
+
+def test_long_tail_speedup_compares_the_same_number_of_last_tokens():
+    # plain: 16 tokens at batch 16 (1 s), then its tail, 8 tokens at batch 8 (1 s) and 6 alone (6 s): 14 tokens, 7 s.
+    plain = _log([(16, 16, 1.0), (8, 8, 1.0)] + [(1, 1, 1.0)] * 6)
+    # speculation finishes most requests sooner: its last 14 tokens are 10 at batch 16 (0.5 s) and 4 alone (1 s);
+    # its own tail phase (1 s) holds only 4 of them, so a ratio of the phases' seconds would read 7x
+    spec = _log([(16, 20, 1.0), (16, 10, 0.5), (1, 4, 1.0)])
+    assert long_tail_speedup(plain, spec) == pytest.approx(7.0 / 1.5)
+    # a larger tail: plain's 30 tokens (8 s) against speculation's last 30 (4 + 10 + 16 of 20: 1 + 0.5 + 0.8 s)
+    assert long_tail_speedup(plain, spec, max_batch=16) == pytest.approx(8.0 / 2.3)
+    assert long_tail_speedup(plain, spec, cpu=True) == pytest.approx(7.0 / 1.5)
+    assert long_tail_speedup(_log([(16, 16, 1.0)]), spec) is None  # plain never reached the tail
+
+
+def test_long_tail_totals_sum_the_terms_of_each_pair():
+    plain = _log([(16, 16, 1.0), (8, 8, 1.0)] + [(1, 1, 1.0)] * 6)
+    spec = _log([(16, 20, 1.0), (16, 10, 0.5), (1, 4, 1.0)])
+    once = long_tail_totals([(plain, spec)])
+    assert once == {
+        "tokens": 14,
+        "plain_seconds": 7.0,
+        "spec_seconds": 1.5,
+        "speedup": pytest.approx(7.0 / 1.5),
+    }
+    twice = long_tail_totals([(plain, spec), (plain, plain)])
+    assert (twice["tokens"], twice["spec_seconds"]) == (28, 8.5)
+    assert twice["speedup"] == pytest.approx(14.0 / 8.5)
+    assert long_tail_totals([(_log([(16, 16, 1.0)]), spec)])["speedup"] is None

@@ -6,7 +6,7 @@ that had a non-empty draft (the "+1" is the bonus or correction token every veri
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 
 def aggregate(outputs: Iterable) -> dict:
@@ -76,47 +76,50 @@ def merge_drafters(rows: list[dict]) -> dict:
 LONG_TAIL_BATCH = 8  # a decode step with at most this many active requests belongs to the rollout's long tail
 
 
-def long_tail(
-    step_log: Iterable, max_batch: int = LONG_TAIL_BATCH, cpu: bool = False
-) -> dict[int, list[float]]:
-    """The rollout's long-tail phase, where it spends its time once most responses have finished: per active
-    batch size ``b <= max_batch``, ``[seconds, committed tokens]`` of its decode steps (``Engine.step_log``
-    records; ``cpu``: their ``cpu_seconds`` instead of wall seconds)."""
-    out: dict[int, list[float]] = {}
-    for s in step_log:
-        if s.batch_size <= max_batch:
-            add_long_tail(out, {s.batch_size: ((s.cpu_seconds or 0.0) if cpu else s.seconds, s.committed)})
-    return out
+def long_tail_tokens(step_log: Iterable, max_batch: int = LONG_TAIL_BATCH) -> int:
+    """Tokens a decode committed in its long-tail phase: the decode steps (``Engine.step_log`` records) with at
+    most ``max_batch`` active requests, where a rollout spends its time once most responses have finished."""
+    return sum(s.committed for s in step_log if s.batch_size <= max_batch)
 
 
-def add_long_tail(
-    total: dict[int, list[float]], part: Mapping[int, Sequence[float]]
-) -> dict[int, list[float]]:
-    """``total`` with ``part``'s seconds and tokens added per batch size (in place; returned)."""
-    for b, (sec, tok) in part.items():
-        acc = total.setdefault(int(b), [0.0, 0])
-        acc[0] += sec
-        acc[1] += tok
+def tail_seconds(step_log: Sequence, tokens: int, cpu: bool = False) -> float:
+    """Seconds a decode took to commit its last ``tokens`` tokens: its steps' seconds from the end (CUDA-graph
+    capture left out; ``cpu``: ``cpu_seconds`` instead of wall time), the step that crosses the count charged by
+    its share of the tokens. All of the log's seconds when it committed fewer tokens."""
+    left, total = tokens, 0.0
+    for s in reversed(step_log):
+        if left <= 0:
+            break
+        sec = (s.cpu_seconds or 0.0) if cpu else s.seconds - s.capture_seconds
+        share = min(1.0, left / s.committed) if s.committed else 1.0
+        total += share * sec
+        left -= s.committed
     return total
 
 
 def long_tail_speedup(
-    plain: Mapping[int, Sequence[float]], spec: Mapping[int, Sequence[float]]
+    plain_log: Sequence, spec_log: Sequence, max_batch: int = LONG_TAIL_BATCH, cpu: bool = False
 ) -> float | None:
-    """What speculation did to the long tail, at equal occupancy and work: plain's long-tail seconds over the
-    seconds speculation takes for plain's tokens at its own seconds per token at each active batch size b,
-    ``sum_b T_plain(b) / sum_b N_plain(b) * T_spec(b') / N_spec(b')`` (``long_tail`` dicts; keys may be str, as
-    in JSON), b' = b where speculation decoded at b, else the nearest size it decoded at (ties: the smaller, whose
-    seconds per token are the larger). None when either has no long-tail steps. A ratio of the phase's seconds,
-    or of its tokens per second, would mix in how many requests were still running: a decode that finishes
-    requests sooner enters the phase later with other work left (its tail can be nearly empty, or one straggler),
-    and GRPO siblings that write the same response finish together, so the sizes decoded differ."""
-    sp = {int(b): v for b, v in spec.items() if v[0] > 0 and v[1] > 0}
-    pl = [(int(b), v) for b, v in plain.items() if v[1] > 0]
-    if not sp or not pl:
-        return None
-    t_spec = 0.0
-    for b, v in pl:
-        q = sp[min(sp, key=lambda x: (abs(x - b), x))]
-        t_spec += v[1] * q[0] / q[1]
-    return sum(v[0] for _, v in pl) / t_spec
+    """What speculation did to the long tail: the seconds plain decoding took for the rollout's last N tokens
+    over the seconds speculation took for its last N, N = ``long_tail_tokens(plain_log, max_batch)`` (the tokens
+    plain commits with at most ``max_batch`` requests active). Both decodes commit the same responses (replayed
+    samples), so this compares equal work at the end of the rollout; where every step is in the tail (max batch
+    <= ``max_batch``) it is the ratio of the whole decodes. None when plain has no long-tail steps. Ratios of the
+    phase's own seconds (or tokens/s) compare unequal work: a decode that finishes requests sooner enters the
+    phase later with less left (its tail can be one straggler), so they swing with which requests are left."""
+    n = long_tail_tokens(plain_log, max_batch)
+    spec = tail_seconds(spec_log, n, cpu)
+    return tail_seconds(plain_log, n, cpu) / spec if n and spec > 0 else None
+
+
+def long_tail_totals(pairs: Iterable[tuple[Sequence, Sequence]], max_batch: int = LONG_TAIL_BATCH) -> dict:
+    """``long_tail_speedup``'s terms summed over (plain step log, speculative step log) pairs of the same
+    samples: ``tokens`` (N per pair), ``plain_seconds``, ``spec_seconds`` (each decode's seconds for its last N)
+    and ``speedup`` (plain over spec seconds; None when no pair reached the tail)."""
+    out = {"tokens": 0, "plain_seconds": 0.0, "spec_seconds": 0.0}
+    for plain, spec in pairs:
+        out["tokens"] += (n := long_tail_tokens(plain, max_batch))
+        out["plain_seconds"] += tail_seconds(plain, n)
+        out["spec_seconds"] += tail_seconds(spec, n)
+    out["speedup"] = out["plain_seconds"] / out["spec_seconds"] if out["spec_seconds"] > 0 else None
+    return out
