@@ -12,7 +12,8 @@ plays (docs/tuner.md, "The selector", gives the reasons):
    the two arms' ratio of mean step seconds in the table; those chains are never explored while it plays;
 1. when the bucket's *regret budget* can pay for the step (exploration's extra time over the best,
    ``sum(max(0, seconds - tokens / R_best))``, plus the step's expected extra (``_extra``), at most the
-   table's ``allowance`` plus ``regret_budget`` of the bucket's time under this table): the first candidate
+   table's ``allowance`` plus ``regret_budget`` of the bucket's time under this table), or the step's expected
+   extra is nil (then it costs nothing in expectation, even from an overdrawn budget): the first candidate
    (a ``probe`` arm, rotated by the seed, else the ``explore`` arm with the highest ``R + z * se``), or
    one whose expected extra is nil: a probe of an adjacent bucket's best, and, while the best is off, an
    explore arm whose estimate is at least off's (a stale tie is re-tried at once while a probe's budget
@@ -201,9 +202,16 @@ class StrategySelector:
         best, cands, rate = self._next(i)
         if rate and acc.step > 0:
             for cand in self._eligible(i, best, cands, rate, acc):
-                if self._owed(i, cand, rate, acc) <= 0:
+                if self._affordable(i, cand, rate, acc):
                     return self._arms[cand], True, rate
         return self._arms[best], False, rate
+
+    def _affordable(self, i: int, name: str, rate: float, acc: _Account) -> bool:
+        """Whether a step of ``name`` may be explored now: its expected extra time is nil (it costs the budget
+        nothing in expectation, and its own steps correct a stale estimate: an overdrawn budget, such as one
+        spent on evidence gathered before the drafts paid, does not keep it from being played) or it fits
+        the budget (``_owed``)."""
+        return self._extra(i, name, rate, acc) <= 0 or self._owed(i, name, rate, acc) <= 0
 
     def _owed(self, i: int, name: str, rate: float, acc: _Account) -> float:
         """Seconds by which a step of ``name`` would overdraw bucket ``i``'s regret budget (<= 0: it fits)."""
@@ -303,7 +311,10 @@ class StrategySelector:
         elif not rate:
             return  # the best needs its estimate before anything is explored: no lease
         else:
-            owed = min(self._owed(i, c, rate, acc) for c in self._eligible(i, best, cands, rate, acc))
+            eligible = self._eligible(i, best, cands, rate, acc)
+            if any(self._affordable(i, c, rate, acc) for c in eligible):
+                return
+            owed = min(self._owed(i, c, rate, acc) for c in eligible)
             q = min(self.lease_steps, math.ceil(owed / (budget * acc.step)))
         if q < 1:
             return

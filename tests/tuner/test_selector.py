@@ -261,3 +261,21 @@ def test_a_chains_steps_judge_the_shorter_chains_of_its_drafter_without_playing_
     # no counterfactual record reaches the tuner: its records are the steps played
     obs = sel.drain_observations()
     assert sum(o["steps"] for o in obs) == 40 and {o["arm"] for o in obs} == {k4, k8}
+
+
+def test_an_overdrawn_budget_still_lets_an_arm_as_fast_as_the_best_be_played():
+    # as above, but the bucket's allowance is overdrawn (exploration spent more than its budget while drafts did
+    # not pay): an arm whose expected extra time is nil costs nothing in expectation, so it is still played,
+    # and its own steps show it faster (before, the bucket played plain, leased, until 1% of ~50 s had accrued)
+    arms = parse_arms(["off", X])
+    bandit = BucketedBandit(arms, BanditConfig(regret_budget=0.01))
+    for k in range(16):
+        s = 0.014 * (1.05 if k % 2 else 0.95)
+        bandit.observe(16, "off", 16, s)
+        bandit.observe(16, X, 16, s)
+    table = bandit.table()
+    table["buckets"][bandit.bucket_of(16)]["allowance"] = -0.5  # seconds
+    now = CostModel(profiles={X: ArmProfile(alpha=0.9, draft_ms_per_request=0.1)})
+    eng = SimEngine(StrategySelector(table, clock="engine"), now, seed=2)
+    first = eng.run([16] * 100)
+    assert sum(s.arm == X for s in first) >= 0.8 * len(first), [s.arm for s in first[:20]]
