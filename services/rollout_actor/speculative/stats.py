@@ -107,19 +107,19 @@ def long_tail_speedup(
     <= ``max_batch``) it is the ratio of the whole decodes. None when plain has no long-tail steps. Ratios of the
     phase's own seconds (or tokens/s) compare unequal work: a decode that finishes requests sooner enters the
     phase later with less left (its tail can be one straggler), so they swing with which requests are left."""
-    n = long_tail_tokens(plain_log, max_batch)
-    spec = tail_seconds(spec_log, n, cpu)
-    return tail_seconds(plain_log, n, cpu) / spec if n and spec > 0 else None
+    return long_tail_totals([(plain_log, spec_log)], max_batch, cpu)["speedup"]
 
 
-def long_tail_totals(pairs: Iterable[tuple[Sequence, Sequence]], max_batch: int = LONG_TAIL_BATCH) -> dict:
+def long_tail_totals(
+    pairs: Iterable[tuple[Sequence, Sequence]], max_batch: int = LONG_TAIL_BATCH, cpu: bool = False
+) -> dict:
     """``long_tail_speedup``'s terms summed over (plain step log, speculative step log) pairs of the same
-    samples: ``tokens`` (N per pair), ``plain_seconds``, ``spec_seconds`` (each decode's seconds for its last N)
-    and ``speedup`` (plain over spec seconds; None when no pair reached the tail)."""
+    samples: ``tokens`` (N per pair), ``plain_seconds``, ``spec_seconds`` (each decode's seconds for its last N;
+    ``cpu``: CPU seconds) and ``speedup`` (plain over spec seconds; None when no pair reached the tail)."""
     out = {"tokens": 0, "plain_seconds": 0.0, "spec_seconds": 0.0}
     for plain, spec in pairs:
         out["tokens"] += (n := long_tail_tokens(plain, max_batch))
-        out["plain_seconds"] += tail_seconds(plain, n)
-        out["spec_seconds"] += tail_seconds(spec, n)
+        out["plain_seconds"] += tail_seconds(plain, n, cpu)
+        out["spec_seconds"] += tail_seconds(spec, n, cpu)
     out["speedup"] = out["plain_seconds"] / out["spec_seconds"] if out["spec_seconds"] > 0 else None
     return out
