@@ -164,9 +164,7 @@ class ReplayBench:
             cpu_clock=True,
         )
         self.suffix_state: dict | None = None
-        self.tail_tokens: int | None = (
-            None  # plain decoding's long-tail tokens (``ReplayRun.longtail_tokens``)
-        )
+        self.tail_tokens: int | None = None  # plain's long-tail tokens (``ReplayRun.longtail_tokens``)
         self.history_lengths: list[tuple[str, int]] = []
         self.tuner = None
         self.adaptive = None
@@ -262,16 +260,13 @@ class ReplayBench:
         else:
             raise ValueError(f"unknown configuration {config!r}")
         reqs = requests(self.problems, MEASURED_EPOCH)
-        if self.tail_tokens is None and config not in (
-            PLAIN,
-            PLAIN_AGAIN,
-        ):  # learn it from an untimed plain run
+        # N, the long tail's tokens, is plain decoding's: its schedule is the trace's, the same in every plain
+        # run, so the first plain run gives it (or an untimed one, when another configuration runs first)
+        if self.tail_tokens is None and config not in (PLAIN, PLAIN_AGAIN):
             steps = self._generate(reqs, {}, FixedStrategy())[3]
             self.tail_tokens = long_tail_tokens(steps, self.longtail_batch)
         outs, wall, cpu, steps = self._generate(reqs, drafters, selector)
-        if (
-            self.tail_tokens is None
-        ):  # plain's schedule is the trace's: every plain run commits the same steps
+        if self.tail_tokens is None:
             self.tail_tokens = long_tail_tokens(steps, self.longtail_batch)
         n = self.tail_tokens
         capture = sum(s.capture_seconds for s in steps)
