@@ -144,3 +144,14 @@ def test_workload_epochs_and_requests():
         problems[0].epoch(2)
     with pytest.raises(ValueError, match="vocabulary"):
         workload.tokenize(workload.load_rows(problems=1), load_tokenizer("qwen2.5-7b"), 2048, [0])
+
+
+def test_a_drafting_run_before_any_plain_one_measures_plain_decodings_long_tail():
+    cfg = shape_config("tiny")
+    problems = workload.tokenize(workload.load_rows(problems=1), load_tokenizer("tiny"), cfg.vocab_size, [0])
+    bench = ReplayBench(build_model("tiny"), problems, batch=8)
+    bench.warm(0)
+    first = bench.run("suffix-k8", 0)
+    plain = bench.run(PLAIN, 0)
+    assert first.longtail_tokens == plain.longtail_tokens == plain.tokens - plain.requests  # all in the tail
+    assert 0 < first.longtail_s <= first.makespan_s + first.capture_s
