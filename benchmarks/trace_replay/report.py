@@ -74,6 +74,7 @@ def summarize(runs: Sequence[ReplayRun], configs: Sequence[str]) -> dict:
             "exact_fraction": min(r.exact / r.requests for r in rs),
             "capture_s": sum(r.capture_s for r in rs),
             "longtail_step_ms": _step_ms(rs),
+            "eager_forwards": None if rs[0].eager_forwards is None else sum(r.eager_forwards for r in rs),
         }
         if strategies:
             out[c]["strategies"] = dict(sorted(strategies.items(), key=lambda kv: -kv[1]))
@@ -195,8 +196,9 @@ def write_markdown(result: dict, path: Path) -> str:
             "",
             f"| config | makespan s | x | last {_f(blk['summary']['configs'].get(PLAIN, {}).get('longtail_tokens'), '{:.0f}')} "
             "tokens s | long-tail x | long-tail CPU x | tau "
-            f"| acceptance by position (1..4) | step ms with <= {result['settings']['longtail_batch']} active: draft + forward + rest |",
-            "|---|---:|---:|---:|---:|---:|---:|---|---|",
+            f"| acceptance by position (1..4) | step ms with <= {result['settings']['longtail_batch']} active: "
+            "draft + forward + rest | eager forwards (CUDA graphs) |",
+            "|---|---:|---:|---:|---:|---:|---:|---|---|---:|",
         ]
         for c, d in blk["summary"]["configs"].items():
             acc = " ".join(_f(a) for a in d["acceptance_by_position"][:4]) or "-"
@@ -205,7 +207,8 @@ def write_markdown(result: dict, path: Path) -> str:
             lines.append(
                 f"| {c} | {_f(d['makespan_s'], '{:.3f}')} | {_f(d['makespan_speedup'])} "
                 f"| {_f(d['longtail_s'], '{:.3f}')} | {_f(d['longtail_speedup'])} "
-                f"| {_f(d['longtail_cpu_speedup'])} | {_f(d['tau'])} | {acc} | {ms} |"
+                f"| {_f(d['longtail_cpu_speedup'])} | {_f(d['tau'])} | {acc} | {ms} "
+                f"| {_f(d.get('eager_forwards'), '{:d}')} |"
             )
         ad = blk["summary"]["configs"].get(ADAPTIVE, {}).get("strategies")
         if ad:

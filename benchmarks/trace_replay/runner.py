@@ -100,6 +100,8 @@ class ReplayRun:
     phase_s: float = 0.0
     phase_draft_s: float = 0.0  # of ``phase_s``: proposing drafts (the selector's choice included)
     phase_forward_s: float = 0.0  # of ``phase_s``: the target forward (``StepRecord.forward_seconds``)
+    # with CUDA graphs: forwards that ran eagerly (keys the graph memory budget refused, or without a bucket)
+    eager_forwards: int | None = None
 
     @property
     def tau(self) -> float | None:
@@ -245,6 +247,11 @@ class ReplayBench:
         del eng.step_log[:]  # the log of a finished run is not kept (memory)
         return outs, wall, cpu, steps
 
+    def _eager_forwards(self) -> int | None:
+        """The engine's graph pool's eager forwards so far (``GraphPoolStats``); None without graphs."""
+        g = self.engine.graphed
+        return None if g is None else g.pool.stats.fallbacks + g.pool.stats.unbucketed
+
     def run(self, config: str, rep: int) -> ReplayRun:
         """One rollout of the measured epoch under ``config`` (``all_configs``). Raises ``ValueError`` for an
         unknown configuration, ``RuntimeError`` when ``adaptive`` runs before ``warm``."""
@@ -265,7 +272,9 @@ class ReplayBench:
         if self.tail_tokens is None and config not in (PLAIN, PLAIN_AGAIN):
             steps = self._generate(reqs, {}, FixedStrategy())[3]
             self.tail_tokens = long_tail_tokens(steps, self.longtail_batch)
+        eager0 = self._eager_forwards()
         outs, wall, cpu, steps = self._generate(reqs, drafters, selector)
+        eager = None if eager0 is None else self._eager_forwards() - eager0
         if self.tail_tokens is None:
             self.tail_tokens = long_tail_tokens(steps, self.longtail_batch)
         n = self.tail_tokens
@@ -294,6 +303,7 @@ class ReplayBench:
             phase_s=sum(s.seconds - s.capture_seconds for s in tail),
             phase_draft_s=sum(s.draft_seconds for s in tail),
             phase_forward_s=sum(s.forward_seconds for s in tail),
+            eager_forwards=eager,
         )
         if config == ADAPTIVE:
             res.strategies = self.adaptive.drain_choices()

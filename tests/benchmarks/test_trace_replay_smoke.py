@@ -155,3 +155,26 @@ def test_a_drafting_run_before_any_plain_one_measures_plain_decodings_long_tail(
     plain = bench.run(PLAIN, 0)
     assert first.longtail_tokens == plain.longtail_tokens == plain.tokens - plain.requests  # all in the tail
     assert 0 < first.longtail_s <= first.makespan_s + first.capture_s
+
+
+def test_forwards_that_a_full_graph_budget_sends_eager_are_counted():
+    from services.rollout_actor.engine import Engine
+    from tests.rollout_actor.test_cuda_graphs import FakeGraphBackend
+
+    cfg = shape_config("tiny")
+    problems = workload.tokenize(workload.load_rows(problems=1), load_tokenizer("tiny"), cfg.vocab_size, [0])
+    model = build_model("tiny")
+    bench = ReplayBench(model, problems, batch=8)
+    assert bench.run(PLAIN, 0).eager_forwards is None  # no graphs on CPU
+    counts = {}
+    for budget in (10**9, 250):  # room for every graph; for two (each charged 100 bytes + its inputs)
+        bench.engine = Engine(
+            model,
+            max_batch_size=8,
+            max_seq_len=bench.engine.max_seq_len,
+            cuda_graphs=True,
+            graph_backend=FakeGraphBackend(capture_bytes=100),
+            cuda_graph_memory_bytes=budget,
+        )
+        counts[budget] = bench.run("suffix-k8", 0).eager_forwards
+    assert counts[10**9] == 0 < counts[250]
