@@ -115,11 +115,18 @@ def long_tail_totals(
 ) -> dict:
     """``long_tail_speedup``'s terms summed over (plain step log, speculative step log) pairs of the same
     samples: ``tokens`` (N per pair), ``plain_seconds``, ``spec_seconds`` (each decode's seconds for its last N;
-    ``cpu``: CPU seconds) and ``speedup`` (plain over spec seconds; None when no pair reached the tail)."""
+    ``cpu``: CPU seconds), ``speedup`` (plain over spec seconds; None when no pair reached the tail) and
+    ``spec_strategies`` (the speculative decodes' steps with at most ``max_batch`` active requests, per strategy:
+    what the tail played)."""
     out = {"tokens": 0, "plain_seconds": 0.0, "spec_seconds": 0.0}
+    strategies: dict[str, int] = {}
     for plain, spec in pairs:
         out["tokens"] += (n := long_tail_tokens(plain, max_batch))
         out["plain_seconds"] += tail_seconds(plain, n, cpu)
         out["spec_seconds"] += tail_seconds(spec, n, cpu)
+        for s in spec:
+            if s.batch_size <= max_batch:
+                strategies[s.strategy] = strategies.get(s.strategy, 0) + 1
+    out["spec_strategies"] = dict(sorted(strategies.items(), key=lambda kv: -kv[1]))
     out["speedup"] = out["plain_seconds"] / out["spec_seconds"] if out["spec_seconds"] > 0 else None
     return out
