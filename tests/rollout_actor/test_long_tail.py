@@ -61,9 +61,11 @@ def test_long_tail_totals_sum_the_terms_of_each_pair():
         "spec_seconds": 1.5,
         "speedup": pytest.approx(7.0 / 1.5),
         "spec_strategies": {"off": 1},  # the one speculative step with <= 8 active requests
+        "spec_tail_tau": 4.0,  # its 4 tokens for its one request
     }
     twice = long_tail_totals([(plain, spec), (plain, plain)])
     assert (twice["tokens"], twice["spec_seconds"]) == (28, 8.5)
     assert twice["spec_strategies"] == {"off": 8}
+    assert twice["spec_tail_tau"] == pytest.approx((4 + 8 + 6) / (1 + 8 + 6))
     assert twice["speedup"] == pytest.approx(14.0 / 8.5)
     assert long_tail_totals([(_log([(16, 16, 1.0)]), spec)])["speedup"] is None

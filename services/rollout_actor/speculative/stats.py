@@ -117,9 +117,11 @@ def long_tail_totals(
     samples: ``tokens`` (N per pair), ``plain_seconds``, ``spec_seconds`` (each decode's seconds for its last N;
     ``cpu``: CPU seconds), ``speedup`` (plain over spec seconds; None when no pair reached the tail) and
     ``spec_strategies`` (the speculative decodes' steps with at most ``max_batch`` active requests, per strategy:
-    what the tail played)."""
+    what the tail played) and ``spec_tail_tau`` (their committed tokens per request and step: tau over the
+    tail's drafted and plain steps alike; None without such steps)."""
     out = {"tokens": 0, "plain_seconds": 0.0, "spec_seconds": 0.0}
     strategies: dict[str, int] = {}
+    committed = request_steps = 0
     for plain, spec in pairs:
         out["tokens"] += (n := long_tail_tokens(plain, max_batch))
         out["plain_seconds"] += tail_seconds(plain, n, cpu)
@@ -127,6 +129,8 @@ def long_tail_totals(
         for s in spec:
             if s.batch_size <= max_batch:
                 strategies[s.strategy] = strategies.get(s.strategy, 0) + 1
+                committed, request_steps = committed + s.committed, request_steps + s.batch_size
     out["spec_strategies"] = dict(sorted(strategies.items(), key=lambda kv: -kv[1]))
+    out["spec_tail_tau"] = committed / request_steps if request_steps else None
     out["speedup"] = out["plain_seconds"] / out["spec_seconds"] if out["spec_seconds"] > 0 else None
     return out
