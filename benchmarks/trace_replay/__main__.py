@@ -19,8 +19,8 @@ tokens, N = the tokens plain decoding commits with <= 8 active requests), tau (`
 over drafted steps), acceptance by draft position, speedups vs plain (paired per round, median), and a step's
 milliseconds with <= 8 active requests split into drafting, the target forward and the engine's own work (verify
 batch, acceptance rule, commit; on CUDA the forward is its launch, the kernels' time lands in the rest).
-``headline``: one entry per (device, shape, batch). Writes ``benchmarks/results/trace_replay.{json,md,png}`` (``--out-dir``, ``--name``), rewritten after
-every (shape, batch) so a long run keeps what it measured.
+``headline``: one entry per (device, shape, batch). Writes ``benchmarks/results/trace_replay.{json,md,png}``
+(``--out-dir``, ``--name``), rewritten after every (shape, batch) so a long run keeps what it measured.
 
 ``--quick``: the ``tiny`` shape on CPU, 8 problems (8 others to warm up: their rollouts reach the measured
 run's batch sizes, as a long run's earlier steps do), max batch 8 and 32, the arms ``QUICK_ARMS``, 2 rounds

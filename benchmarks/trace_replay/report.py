@@ -189,12 +189,13 @@ def write_markdown(result: dict, path: Path) -> str:
             f"| {_f(h['exact_fraction'], '{:.0%}')} |"
         )
     for blk in result["results"]:
+        n_tail = blk["summary"]["configs"].get(PLAIN, {}).get("longtail_tokens")
         lines += [
             "",
             f"### {blk['shape']}, max batch {blk['batch']} ({blk['workload']['requests']} requests, "
             f"{blk['workload']['response_tokens']} response tokens)",
             "",
-            f"| config | makespan s | x | last {_f(blk['summary']['configs'].get(PLAIN, {}).get('longtail_tokens'), '{:.0f}')} "
+            f"| config | makespan s | x | last {_f(n_tail, '{:.0f}')} "
             "tokens s | long-tail x | long-tail CPU x | tau "
             f"| acceptance by position (1..4) | step ms with <= {result['settings']['longtail_batch']} active: "
             "draft + forward + rest | eager forwards (CUDA graphs) |",
