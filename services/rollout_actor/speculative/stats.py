@@ -115,10 +115,10 @@ def long_tail_totals(
 ) -> dict:
     """``long_tail_speedup``'s terms summed over (plain step log, speculative step log) pairs of the same
     samples: ``tokens`` (N per pair), ``plain_seconds``, ``spec_seconds`` (each decode's seconds for its last N;
-    ``cpu``: CPU seconds), ``speedup`` (plain over spec seconds; None when no pair reached the tail) and
+    ``cpu``: CPU seconds), ``speedup`` (plain over spec seconds; None when no pair reached the tail),
     ``spec_strategies`` (the speculative decodes' steps with at most ``max_batch`` active requests, per strategy:
-    what the tail played) and ``spec_tail_tau`` (their committed tokens per request and step: tau over the
-    tail's drafted and plain steps alike; None without such steps)."""
+    what the tail played) and ``spec_tail_tau`` (those steps' committed tokens per request and step: tau over
+    the tail's drafted and plain steps alike; None without such steps)."""
     out = {"tokens": 0, "plain_seconds": 0.0, "spec_seconds": 0.0}
     strategies: dict[str, int] = {}
     committed = request_steps = 0
