@@ -289,6 +289,27 @@ def grouped_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
     return mask.unsqueeze(2).expand(b, 1, groups, t, k).reshape(b, 1, groups * t, k)
 
 
+def _per_row_attention(
+    q: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor, mask: torch.Tensor, rows: list[tuple[int, int]]
+) -> torch.Tensor:
+    """``_grouped_attention`` one batch row at a time over that row's own keys: q ``[B, H, T, D]``, ck / cv one
+    layer's cache ``[slots, KV, max_len, D]``, mask ``[B, 1, G*T, K]`` (stacked layout), rows ``(slot, keys)``
+    per batch row. Returns ``[B, H, T, D]``. Keys past a row's own are masked out in the padded product, so
+    skipping them gives the same result (up to float round-off) for less work when lengths differ."""
+    out = []
+    for j, (slot, n) in enumerate(rows):
+        k, v = ck[slot : slot + 1, :, :n].to(q.dtype), cv[slot : slot + 1, :, :n].to(q.dtype)
+        out.append(_grouped_attention(q[j : j + 1], k, v, mask[j : j + 1, :, :, :n]))
+    return torch.cat(out)
+
+
+def per_row_pays(b: int, t: int, keys: list[int]) -> bool:
+    """Whether ``_per_row_attention`` beats one padded product on CPU: the key positions it skips outweigh one SDPA
+    call per row. Measured (6 query / 2 KV heads of 32, 1 thread), 8 rows of 300-1000 keys: 0.47 -> 0.36 ms at
+    T = 1, 1.22 -> 0.89 ms at T = 9; of 860-1000 keys: 0.36 -> 0.46 ms at T = 1, equal at T = 9."""
+    return b > 1 and b * max(keys) - sum(keys) > b * max(64, 384 // t)
+
+
 def attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A boolean attention mask (True = attend) as the additive mask SDPA turns it into (0 / -inf in ``dtype``).
     On CPU the cached forward converts once per forward rather than once per layer inside every SDPA call."""
@@ -313,9 +334,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
 
-    def forward(
-        self, x, cos, sin, mask, cache: KVCache | None, layer: int, slots, write_pos, read_slice=None
-    ):
+    def forward(self, x, cos, sin, mask, cache: KVCache | None, layer: int, slots, write_pos, kv_read=None):
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim)
@@ -328,9 +347,12 @@ class Attention(nn.Module):
             # write new K/V at [slot, :, lengths[slot] + t], then read the slot's prefix up to the longest row.
             cache.k[layer][slots.unsqueeze(1), :, write_pos] = k.transpose(1, 2).to(cache.k.dtype)
             cache.v[layer][slots.unsqueeze(1), :, write_pos] = v.transpose(1, 2).to(cache.v.dtype)
+            if isinstance(kv_read, list):  # (slot, keys) per row: each row over its own keys (per_row_pays)
+                out = _per_row_attention(q, cache.k[layer], cache.v[layer], mask, kv_read)
+                return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
             kmax = mask.shape[-1]
             # consecutive slots (a full batch, or one request): read a view; else gather (a copy)
-            rows = read_slice if read_slice is not None else slots
+            rows = kv_read if kv_read is not None else slots
             k = cache.k[layer][rows, :, :kmax].to(q.dtype)
             v = cache.v[layer][rows, :, :kmax].to(q.dtype)
             if mask.shape[2] != t:  # grouped layout (Transformer.forward): [B, 1, G*T, K]
@@ -358,9 +380,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, cache, layer, slots, write_pos, read_slice=None):
+    def forward(self, x, cos, sin, mask, cache, layer, slots, write_pos, kv_read=None):
         x = x + self.self_attn(
-            self.input_layernorm(x), cos, sin, mask, cache, layer, slots, write_pos, read_slice
+            self.input_layernorm(x), cos, sin, mask, cache, layer, slots, write_pos, kv_read
         )
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -434,19 +456,22 @@ class Transformer(nn.Module):
         """
         b, t = input_ids.shape
         cfg = self.config
-        write_pos = mask = read_slice = None
+        # cache reads: consecutive slots (a view), None (gather by slots), or (slot, keys) per row (per_row_pays)
+        write_pos = mask = kv_read = None
         if cache is not None:
             if slots is None:
                 raise ValueError("slots is required with a cache")
             base = cache.lengths[slots]  # [B]
             if kv_len is None:
+                keys = [n + t for n in base.tolist()]
+                kmax = max(keys)
+                if kmax > cache.max_len:
+                    raise ValueError(f"KV cache overflow: {kmax - t} + {t} > max_len {cache.max_len}")
                 first = int(slots[0])
-                if b == 1 or bool((slots == torch.arange(first, first + b, device=slots.device)).all()):
-                    read_slice = slice(first, first + b)
-                longest = int(base.max())
-                if longest + t > cache.max_len:
-                    raise ValueError(f"KV cache overflow: {longest} + {t} > max_len {cache.max_len}")
-                kmax = longest + t
+                if not input_ids.is_cuda and per_row_pays(b, t, keys):
+                    kv_read = list(zip(slots.tolist(), keys))
+                elif b == 1 or bool((slots == torch.arange(first, first + b, device=slots.device)).all()):
+                    kv_read = slice(first, first + b)
             elif t <= kv_len <= cache.max_len:
                 kmax = kv_len
             else:
@@ -467,7 +492,7 @@ class Transformer(nn.Module):
             gathered = new.gather(2, rel.clamp(0, t - 1).expand(b, t, kmax))
             mask = (committed | (in_new & gathered)).unsqueeze(1)  # [B, 1, T, K]
             groups = cfg.num_attention_heads // cfg.num_key_value_heads
-            if groups > 1 and b >= GROUPED_ATTENTION_MIN_BATCH:
+            if isinstance(kv_read, list) or (groups > 1 and b >= GROUPED_ATTENTION_MIN_BATCH):
                 mask = grouped_mask(mask, groups)  # [B, 1, G*T, K], once for every layer
             if not input_ids.is_cuda:
                 mask = attention_bias(mask, self.lm_head.weight.dtype)
@@ -482,7 +507,7 @@ class Transformer(nn.Module):
         hidden: dict[int, torch.Tensor] = {}
         want = set(hidden_layers)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, mask, cache, i, slots, write_pos, read_slice)
+            x = layer(x, cos, sin, mask, cache, i, slots, write_pos, kv_read)
             if i in want:
                 hidden[i] = x
         x = self.model.norm(x)

@@ -173,6 +173,28 @@ def test_logits_match_with_cache_at_grouped_batch(pair, slots):
             start += chunk
 
 
+def test_rows_of_unequal_lengths_attend_over_their_own_keys_and_match_the_reference(pair):
+    """A cached step whose rows hold very different numbers of keys (per_row_pays: each row attends over its own
+    keys, scattered slots) gives every row the logits of the reference's full pass over that row alone."""
+    from services.rollout_actor.model import per_row_pays
+
+    name, ref, ours = pair
+    lengths, t, slots = [120, 8, 60, 20], 6, [5, 0, 3, 1]
+    assert per_row_pays(len(lengths), t, [n + t for n in lengths])
+    ids = torch.randint(0, 97, (len(lengths), max(lengths) + t), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        cache = ours.new_cache(num_slots=6, max_len=128)
+        for row, (n, slot) in enumerate(zip(lengths, slots)):  # each row's prefix, alone
+            sl = torch.tensor([slot])
+            ours(ids[row : row + 1, :n], cache=cache, slots=sl)
+            cache.commit(sl, torch.tensor([n]))
+        step = torch.stack([ids[row, n : n + t] for row, n in enumerate(lengths)])
+        out = ours(step, cache=cache, slots=torch.tensor(slots)).logits
+        for row, n in enumerate(lengths):
+            want = ref(ids[row : row + 1, : n + t]).logits[0, n:]
+            assert (out[row] - want).abs().max().item() <= 1e-4, (name, row)
+
+
 def test_bfloat16_model_runs_with_cache_and_stays_close_to_float32(pair):
     """A model cast to bf16 (how GPU rollouts run) keeps every activation in bf16: the float32 rotary tables are
     cast as transformers does (a bf16 forward with a cache failed in ``o_proj`` with float activations)."""
