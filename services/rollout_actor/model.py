@@ -344,7 +344,7 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
         if cache is not None:
-            # write new K/V at [slot, :, lengths[slot] + t], then read the slot's prefix up to the longest row.
+            # write new K/V at [slot, :, lengths[slot] + t], then read the slots' prefixes (to the longest row's end)
             cache.k[layer][slots.unsqueeze(1), :, write_pos] = k.transpose(1, 2).to(cache.k.dtype)
             cache.v[layer][slots.unsqueeze(1), :, write_pos] = v.transpose(1, 2).to(cache.v.dtype)
             if isinstance(kv_read, list):  # (slot, keys) per row: each row over its own keys (per_row_pays)
