@@ -211,12 +211,14 @@ class StrategySelector:
         nothing in expectation, and its own steps correct a stale estimate: an overdrawn budget, such as one
         spent on evidence gathered before the drafts paid, does not keep it from being played) or it fits
         the budget (``_owed``)."""
-        return self._extra(i, name, rate, acc) <= 0 or self._owed(i, name, rate, acc) <= 0
+        extra = self._extra(i, name, rate, acc)
+        return extra <= 0 or self._owed(i, extra, acc) <= 0
 
-    def _owed(self, i: int, name: str, rate: float, acc: _Account) -> float:
-        """Seconds by which a step of ``name`` would overdraw bucket ``i``'s regret budget (<= 0: it fits)."""
+    def _owed(self, i: int, extra: float, acc: _Account) -> float:
+        """Seconds by which a step of expected extra time ``extra`` (``_extra``) would overdraw bucket ``i``'s
+        regret budget (<= 0: it fits)."""
         allowance = self._rows[i].get("allowance", 0.0)
-        return acc.spent + self._extra(i, name, rate, acc) - allowance - self.regret_budget * acc.time
+        return acc.spent + extra - allowance - self.regret_budget * acc.time
 
     def _extra(self, i: int, name: str, rate: float, acc: _Account) -> float:
         """A step of arm ``name``'s expected seconds beyond the best's for the same tokens, ``s * (1 - R /
@@ -314,7 +316,7 @@ class StrategySelector:
             eligible = self._eligible(i, best, cands, rate, acc)
             if any(self._affordable(i, c, rate, acc) for c in eligible):
                 return
-            owed = min(self._owed(i, c, rate, acc) for c in eligible)
+            owed = min(self._owed(i, self._extra(i, c, rate, acc), acc) for c in eligible)
             q = min(self.lease_steps, math.ceil(owed / (budget * acc.step)))
         if q < 1:
             return
