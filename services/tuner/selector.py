@@ -12,9 +12,11 @@ plays (docs/tuner.md, "The selector", gives the reasons):
    the two arms' ratio of mean step seconds in the table; those chains are never explored while it plays;
 1. when the bucket's *regret budget* can pay for the step (exploration's extra time over the best,
    ``sum(max(0, seconds - tokens / R_best))``, plus the step's expected extra (``_extra``), at most the
-   table's ``allowance`` plus ``regret_budget`` of the bucket's time under this table), or the step's expected
-   extra is nil (then it costs nothing in expectation, even from an overdrawn budget): the first candidate
-   (a ``probe`` arm, rotated by the seed, else the ``explore`` arm with the highest ``R + z * se``), or
+   table's ``allowance`` (an overdrawn one counts as 0) plus ``regret_budget`` of the bucket's time under this
+   table), or the step's expected extra is nil (then it costs nothing in expectation): the first candidate
+   (a ``probe`` arm, rotated by the seed; else, while it has fewer than ``min_samples`` steps under this
+   table, the shortest chain of the best's drafter longer than the best, whose steps judge the best too; else
+   the ``explore`` arm with the highest ``R + z * se``), or
    one whose expected extra is nil: a probe of an adjacent bucket's best, and, while the best is off, an
    explore arm whose estimate is at least off's (a stale tie is re-tried at once while a probe's budget
    accrues);
@@ -139,6 +141,8 @@ class StrategySelector:
             {n: prefix_chains(self._arms[n], [self._arms[m] for m in names]) for n in names}
             for names in self._playable
         ]
+        # per bucket, per playable arm: the names of those chains
+        self._covers = [{n: {a.name for a in p} for n, p in pre.items()} for pre in self._prefixes]
         self._accounts: dict[int, _Account] = {}  # this table's (earlier: the allowance)
 
     def _bucket_of(self, n: int) -> int:
@@ -173,10 +177,17 @@ class StrategySelector:
             best = max(quicker)[1] if quicker else OFF.name
         probe = [n for n in row["probe"] if n not in ests]
         probe = probe[self.seed % len(probe) :] + probe[: self.seed % len(probe)] if probe else []
-        covered = {a.name for a in self._prefixes[i].get(best, ())}  # their records come free
+        covered = self._covers[i].get(best, set())  # their records come free
         explore = [n for n in playable if n in ests and n != best and n not in covered]
-        # the likeliest to beat the best first
-        explore.sort(key=lambda n: -(ests[n][0] + self.z * ests[n][1]))
+        # first the shortest chain longer than the best of its drafter, until it has its own estimate: its steps
+        # judge the best as well (counterfactual records), so one exploration refreshes the drafter's chains
+        # where the table's estimates are stale; then the likeliest to beat the best
+        up = {n for n in explore if best in self._covers[i][n] and len(own.get(n, ())) < self.min_samples}
+        explore.sort(
+            key=lambda n: (
+                (0, self._arms[n].max_draft_tokens) if n in up else (1, -(ests[n][0] + self.z * ests[n][1]))
+            )
+        )
         return best, probe + explore, ests[best][0] if best in ests else None
 
     def _prior_estimate(self, prior: Mapping[str, list[float]], arm: str) -> tuple[float, float] | None:
@@ -217,7 +228,9 @@ class StrategySelector:
     def _owed(self, i: int, extra: float, acc: _Account) -> float:
         """Seconds by which a step of expected extra time ``extra`` (``_extra``) would overdraw bucket ``i``'s
         regret budget (<= 0: it fits)."""
-        allowance = self._rows[i].get("allowance", 0.0)
+        # an earlier table's overdraft is not owed: carried, it would keep the bucket from re-trying stale
+        # estimates for many rollouts (its exploration regret stays within one table's budget per table)
+        allowance = max(0.0, self._rows[i].get("allowance", 0.0))
         return acc.spent + extra - allowance - self.regret_budget * acc.time
 
     def _extra(self, i: int, name: str, rate: float, acc: _Account) -> float:

@@ -263,6 +263,68 @@ def test_a_chains_steps_judge_the_shorter_chains_of_its_drafter_without_playing_
     assert sum(o["steps"] for o in obs) == 40 and {o["arm"] for o in obs} == {k4, k8}
 
 
+def test_a_longer_chain_of_the_bests_drafter_is_explored_first_and_takes_over_when_its_drafts_now_pay():
+    # the table (earlier rollouts, drafts without a history) says k4 is best; k8's estimate is stale and below the
+    # n-gram arm's, so an upper-bound order would explore the n-gram arm first. Now drafts are accepted up to 7
+    # tokens: k8 commits 8 tokens per 15 ms step, k4 5 per 12 ms. k8's steps also judge k4 (its prefix), so it
+    # is explored first, and it takes over
+    k4, k8, ngram = "suffix-k4-w1", "suffix-k8-w1", "ngram-k3-w1"
+    bandit = BucketedBandit(parse_arms(["off", k4, k8, ngram]), BanditConfig(regret_budget=0.05))
+    for k in range(8):
+        jitter = 1.05 if k % 2 else 0.95
+        bandit.observe(1, "off", 1, 0.010 * jitter)
+        bandit.observe(1, k4, 2.4, 0.012 * jitter)
+        bandit.observe(1, k8, 1.5, 0.015 * jitter)
+        bandit.observe(1, ngram, 1.8, 0.010 * jitter)
+    table = bandit.table()
+    assert table["buckets"][0]["best"] == k4 and {k8, ngram} <= set(table["buckets"][0]["explore"])
+    sel = StrategySelector(table, clock="engine")
+    played = []
+    for _ in range(300):
+        s = sel.choose(_requests(1))[0]
+        played.append(s.name)
+        if s.drafter == "ngram":
+            obs = StepObservation(1, s.name, 2, 3, 1, 0.010, draft_lengths=(3,), accepted_lengths=(1,))
+        else:
+            k = s.max_draft_tokens
+            acc = min(k, 7)
+            seconds = {4: 0.012, 8: 0.015}[k]
+            obs = StepObservation(
+                1, s.name, acc + 1, k, acc, seconds, draft_lengths=(k,), accepted_lengths=(acc,)
+            )
+        sel.observe(obs)
+    explored = [n for n in played if n != "suffix-k4"]  # strategy names: the arm's without the tree width
+    assert explored[0] == "suffix-k8", played[:40]
+    # k8 is the best; the n-gram arm (6 ms extra a step) is explored within 5% of the time
+    late = played[-100:]
+    assert late.count("suffix-k8") >= 80 and "suffix-k4" not in late, late
+
+
+def test_an_earlier_tables_overdraft_does_not_keep_a_rollout_from_exploring_within_its_own_budget():
+    # the table's allowance is overdrawn by 0.5 s (earlier rollouts' explorations cost more than expected); the
+    # rollout still explores within 1% of its own time: X plays, Y (1 ms a step slower) is tried after ~10 steps
+    Y = "suffix-k8-w1"
+    bandit = BucketedBandit(parse_arms(["off", X, Y]), BanditConfig(regret_budget=0.01))
+    for k in range(16):
+        jitter = 1.05 if k % 2 else 0.95
+        bandit.observe(1, "off", 1, 0.010 * jitter)
+        bandit.observe(1, X, 2, 0.010 * jitter)
+        bandit.observe(1, Y, 1.8, 0.010 * jitter)
+    table = bandit.table()
+    row = table["buckets"][0]
+    assert row["best"] == X and Y in row["explore"]
+    row["allowance"] = -0.5  # seconds
+    sel = StrategySelector(table, clock="engine")
+    played = []
+    for _ in range(200):
+        s = sel.choose(_requests(1))[0]
+        played.append(s.max_draft_tokens)
+        tokens = 2 if s.max_draft_tokens == 4 else 1.8
+        sel.observe(StepObservation(1, s.name, tokens, s.max_draft_tokens, 1, 0.010))
+    # each Y step costs 1 ms more than X's for its tokens; in all, within 1% of the 2 s (and one step)
+    assert 8 in played[:40] and played.count(8) * 0.001 <= 0.01 * 2.0 + 0.001, played
+
+
 def test_an_overdrawn_budget_still_lets_an_arm_as_fast_as_the_best_be_played():
     # as above, but the bucket's allowance is overdrawn (exploration spent more than its budget while drafts did
     # not pay): an arm whose expected extra time is nil costs nothing in expectation, so it is still played,
