@@ -17,7 +17,6 @@ and that of the processes' means (``never_worse_table``).
 from __future__ import annotations
 
 import argparse
-import gc
 import math
 import pickle
 import random
@@ -31,7 +30,7 @@ from pathlib import Path
 from benchmarks.longtail.runners import RunResult, TailspecRunner
 from benchmarks.longtail.tables import by_config, identical_fraction, median
 from benchmarks.longtail.workload import ADAPTIVE, PLAIN, PLAIN_AGAIN, REPO, Workload
-from services.rollout_actor.engine import RequestOutput
+from benchmarks.side_by_side import decode_side_by_side
 
 NEVER_WORSE_REP0 = (
     100  # the never-worse rounds' repetition numbers start here (apart from the lock-step ones)
@@ -56,45 +55,12 @@ def run_lockstep(
     building = list(configs)
     order_rng.shuffle(building)
     built = {c: runner.engine(c, workload, rep, own_learned=True) for c in building}
-    spent = dict.fromkeys(configs, 0.0)
-    cpu = dict.fromkeys(configs, 0.0)
-    done: dict[str, dict[str, RequestOutput]] = {c: {} for c in configs}
     reqs = {c: workload.requests(sampling, seed) for c in configs}
-
-    def timed(c: str, call):
-        c0, t0 = time.process_time(), time.perf_counter()
-        out = call()
-        spent[c] += time.perf_counter() - t0
-        cpu[c] += time.process_time() - c0
-        return out
-
-    # A full GC collection walks every engine's suffix history (250-370 ms, charged to whichever step set it
-    # off): frozen, collections skip them; the automatic GC is off over the rounds, its garbage collected after.
-    gc.collect()
-    gc.freeze()
-    gc.disable()
-    try:
-        for c in configs:  # generate()'s start, timed as in a sequential run
-            timed(c, lambda c=c: built[c][0].start(reqs[c]))
-        live = list(configs)
-        while live:
-            order = list(live)
-            order_rng.shuffle(order)
-            for c in order:
-                eng = built[c][0]
-                for o in timed(c, eng.step):
-                    done[c][o.request_id] = o
-                if not eng.has_unfinished():
-                    live.remove(c)
-    finally:
-        gc.enable()
-        gc.unfreeze()  # collectable again once dropped (this also thaws what the caller froze)
-        gc.collect()
+    outs, spent, cpu = decode_side_by_side({c: built[c][0] for c in configs}, reqs, order_rng)
     results = []
     for c in configs:
         eng, policy = built[c]
-        outs = [done[c][r.request_id] for r in reqs[c]]
-        res = runner.finish(c, workload, rep, spent[c], cpu[c], outs, eng, policy)
+        res = runner.finish(c, workload, rep, spent[c], cpu[c], outs[c], eng, policy)
         res.finish_s, res.timeline = [], []
         res.note = "lock step"
         results.append(res)

@@ -11,8 +11,11 @@ sizes with random weights) and max batch size (continuous batching), the engine 
 of ``data/traces/qwen25-math-math-cot`` (``workload.py``: epoch 0 = history, epoch 1 measured, 4 responses per
 problem submitted together) under plain decoding, every fixed deterministic drafter arm, the adaptive tuner
 (warmed up on the next ``--warm-problems`` problems of the file and the history epoch: ``runner.py``), and
-``plain-again`` (the A/A control), all in this one process, in interleaved rounds (round r runs every
-configuration once, in the order rotated by r: ABC, BCA, ...). Every output is checked to equal its trace.
+``plain-again`` (the A/A control), all in this one process, in rounds: on CPU each round decodes every
+configuration in lock step (side by side, one engine step each in a shuffled order, each charged its own
+steps' seconds: ``ReplayBench.run_lockstep``), so all see the machine's speed of the same moments; on CUDA
+(one engine and graph pool) or with ``--sequential``, one configuration after another, in the order rotated by
+the round (ABC, BCA, ...). Every output is checked to equal its trace.
 
 Reported per configuration (``report.py``): makespan (s), the long tail (the seconds for the rollout's last N
 tokens, N = the tokens plain decoding commits with <= 8 active requests), tau (``1 + accepted / verify steps``
@@ -85,6 +88,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=3,
         help="passes over the warm-up problems (a long run's tuner has seen many steps; one pass leaves its "
         "large-batch buckets unsettled)",
+    )
+    ap.add_argument(
+        "--sequential",
+        action="store_true",
+        help="on CPU too, run each configuration alone, one after another (the default on CUDA)",
     )
     ap.add_argument("--longtail-batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1, help="torch threads on CPU")
@@ -188,13 +196,15 @@ def run(args: argparse.Namespace) -> dict:
                 flush=True,
             )
             runs = []
+            lockstep = args.device == "cpu" and not args.sequential
             for rep in range(args.rounds):
                 k = rep % len(args.configs)
-                for config in args.configs[k:] + args.configs[:k]:
-                    r = bench.run(config, rep)
+                order = args.configs[k:] + args.configs[:k]
+                done = bench.run_lockstep(order, rep) if lockstep else (bench.run(c, rep) for c in order)
+                for r in done:
                     runs.append(r)
                     print(
-                        f"[trace_replay]   b={batch} round {rep} {config:>20}: makespan {r.makespan_s:7.3f}s "
+                        f"[trace_replay]   b={batch} round {rep} {r.config:>20}: makespan {r.makespan_s:7.3f}s "
                         f"long-tail {r.longtail_s:7.3f}s tau {report._f(r.tau)} exact {r.exact}/{r.requests}",
                         flush=True,
                     )

@@ -155,6 +155,13 @@ def _problems(w: dict) -> str:
     return "problems per max batch size " + ", ".join(f"{n} (b={b})" for b, n in p.items())
 
 
+def _rounds(settings: dict) -> str:
+    """How a round ran its configurations (``__main__``: lock step on CPU unless ``--sequential``)."""
+    if settings.get("device") == "cpu" and not settings.get("sequential"):
+        return "lock-step rounds (every configuration side by side, one engine step each in turn)"
+    return "interleaved rounds (configurations one after another, the order rotated per round)"
+
+
 def write_markdown(result: dict, path: Path) -> str:
     """The headline table and, per (shape, batch), every configuration's row. Returns the text."""
     w = result["workload"]
@@ -167,7 +174,7 @@ def write_markdown(result: dict, path: Path) -> str:
         f"tuner warmed up on the history epoch, then {w.get('warm_problems', 0)} other problems (both epochs, "
         f"{w.get('warm_passes', 1)} passes; its last rollout drafts with a history, as every RL step after the "
         "first); "
-        f"{result['settings']['rounds']} interleaved rounds; long tail = the rollout's last N tokens, N = those "
+        f"{result['settings']['rounds']} {_rounds(result['settings'])}; long tail = the rollout's last N tokens, N = those "
         f"plain decoding commits with <= {result['settings']['longtail_batch']} active requests (equal work for "
         "every configuration). Speedups: paired medians vs plain; "
         "A/A = |1 - plain/plain-again|, largest over rounds (wall time; CPU-time ratios are steadier on a shared "

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import copy
 import gc
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from benchmarks.side_by_side import decode_side_by_side
 from benchmarks.trace_replay.workload import (
     HISTORY_EPOCH,
     MEASURED_EPOCH,
@@ -252,20 +254,24 @@ class ReplayBench:
         g = self.engine.graphed
         return None if g is None else g.pool.stats.fallbacks + g.pool.stats.unbucketed
 
-    def run(self, config: str, rep: int) -> ReplayRun:
-        """One rollout of the measured epoch under ``config`` (``all_configs``). Raises ``ValueError`` for an
-        unknown configuration, ``RuntimeError`` when ``adaptive`` runs before ``warm``."""
+    def _setup(self, config: str) -> tuple[dict, object]:
+        """The drafters and selector of ``config``. Raises ``ValueError`` for an unknown configuration,
+        ``RuntimeError`` for ``adaptive`` before ``warm``."""
         if config in (PLAIN, PLAIN_AGAIN):
-            drafters, selector = {}, FixedStrategy()
-        elif config == ADAPTIVE:
+            return {}, FixedStrategy()
+        if config == ADAPTIVE:
             if self.adaptive is None:
                 raise RuntimeError("ReplayBench.run('adaptive') needs warm() first")
-            drafters, selector = self.drafters(), self.adaptive
-        elif config in FIXED_ARMS:
+            return self.drafters(), self.adaptive
+        if config in FIXED_ARMS:
             strat = FIXED_ARMS[config]
-            drafters, selector = {strat.drafter: self.drafters()[strat.drafter]}, FixedStrategy(strat)
-        else:
-            raise ValueError(f"unknown configuration {config!r}")
+            return {strat.drafter: self.drafters()[strat.drafter]}, FixedStrategy(strat)
+        raise ValueError(f"unknown configuration {config!r}")
+
+    def run(self, config: str, rep: int) -> ReplayRun:
+        """One rollout of the measured epoch under ``config`` (``all_configs``), alone on the machine. Raises
+        ``ValueError`` for an unknown configuration, ``RuntimeError`` when ``adaptive`` runs before ``warm``."""
+        drafters, selector = self._setup(config)
         reqs = requests(self.problems, MEASURED_EPOCH)
         # N, the long tail's tokens, is plain decoding's: its schedule is the trace's, the same in every plain
         # run, so the first plain run gives it (or an untimed one, when another configuration runs first)
@@ -277,6 +283,40 @@ class ReplayBench:
         eager = None if eager0 is None else self._eager_forwards() - eager0
         if self.tail_tokens is None:
             self.tail_tokens = long_tail_tokens(steps, self.longtail_batch)
+        return self._result(config, rep, reqs, outs, wall, cpu, steps, eager)
+
+    def run_lockstep(self, configs: Sequence[str], rep: int) -> list[ReplayRun]:
+        """One rollout of the measured epoch under each of ``configs`` (distinct), in lock step
+        (``benchmarks.side_by_side``: every configuration charged its own steps' seconds, all in the same
+        moments), the round's order seeded by ``seed`` and ``rep``. One engine per configuration, on this bench's
+        model: CPU only (on CUDA ``run``: one engine and graph pool). Raises ``ValueError`` for repeated or
+        unknown configurations, ``RuntimeError`` for ``adaptive`` before ``warm``."""
+        if len(set(configs)) != len(configs):
+            raise ValueError(f"lock-step configurations must be distinct: {list(configs)}")
+        rng = random.Random(self.seed * 1_000_003 + rep)
+        engines = {}
+        for c in configs:
+            drafters, selector = self._setup(c)
+            engines[c] = Engine(
+                self.engine.model,
+                max_batch_size=self.batch,
+                max_seq_len=self.engine.max_seq_len,
+                drafters=drafters,
+                selector=selector,
+                cpu_clock=True,
+            )
+        reqs = requests(self.problems, MEASURED_EPOCH)
+        outs, wall, cpu = decode_side_by_side(engines, dict.fromkeys(configs, reqs), rng)
+        if self.tail_tokens is None:
+            plain = next(c for c in configs if c in (PLAIN, PLAIN_AGAIN))
+            self.tail_tokens = long_tail_tokens(engines[plain].step_log, self.longtail_batch)
+        return [
+            self._result(c, rep, reqs, outs[c], wall[c], cpu[c], engines[c].step_log, None) for c in configs
+        ]
+
+    def _result(self, config, rep, reqs, outs, wall, cpu, steps, eager) -> ReplayRun:
+        """``config``'s ``ReplayRun`` from its outputs, seconds and step log (the adaptive policy's choices are
+        drained and its observations merged into the tuner)."""
         n = self.tail_tokens
         capture = sum(s.capture_seconds for s in steps)
         tail = [s for s in steps if s.batch_size <= self.longtail_batch]
@@ -313,8 +353,6 @@ class ReplayBench:
     def outputs(self, config: str) -> tuple[list[GenerationRequest], list[RequestOutput]]:
         """The measured epoch's requests and outputs under ``config`` (a fixed arm or plain), untimed: for
         checking replay against the trace."""
-        strat = FIXED_ARMS.get(config)
-        drafters = {} if strat is None else {strat.drafter: self.drafters()[strat.drafter]}
-        selector = FixedStrategy(strat) if strat is not None else FixedStrategy()
+        drafters, selector = self._setup(config)
         reqs = requests(self.problems, MEASURED_EPOCH)
         return reqs, self._generate(reqs, drafters, selector)[0]

@@ -178,3 +178,24 @@ def test_forwards_that_a_full_graph_budget_sends_eager_are_counted():
         )
         counts[budget] = bench.run("suffix-k8", 0).eager_forwards
     assert counts[10**9] == 0 < counts[250]
+
+
+def test_a_lock_step_round_decodes_what_each_configuration_decodes_alone():
+    cfg = shape_config("tiny")
+    problems = workload.tokenize(workload.load_rows(problems=1), load_tokenizer("tiny"), cfg.vocab_size, [0])
+    bench = ReplayBench(build_model("tiny"), problems, batch=8)
+    bench.warm(0)
+    configs = [PLAIN, "suffix-k8", ADAPTIVE]
+    alone = {c: bench.run(c, 0) for c in configs}
+    side_by_side = bench.run_lockstep(configs, 1)
+    assert [r.config for r in side_by_side] == configs
+    for r in side_by_side:
+        a = alone[r.config]
+        assert r.exact == r.requests == a.requests
+        assert (r.tokens, r.longtail_tokens) == (a.tokens, a.longtail_tokens)
+        assert 0 < r.phase_s <= r.makespan_s and 0 < r.longtail_s <= r.makespan_s
+        if r.config != ADAPTIVE:  # same drafter state, same schedule (the tuner learns between runs)
+            assert (r.steps, r.accepted) == (a.steps, a.accepted)
+    assert side_by_side[2].strategies  # the adaptive run's choices, drained
+    with pytest.raises(ValueError, match="distinct"):
+        bench.run_lockstep([PLAIN, PLAIN], 2)
