@@ -326,11 +326,11 @@ class StrategySelector:
         elif not rate:
             return  # the best needs its estimate before anything is explored: no lease
         else:
-            eligible = self._eligible(i, best, cands, rate, acc)
-            if any(self._affordable(i, c, rate, acc) for c in eligible):
+            extras = [self._extra(i, c, rate, acc) for c in self._eligible(i, best, cands, rate, acc)]
+            owed = [self._owed(i, e, acc) for e in extras]
+            if any(e <= 0 or o <= 0 for e, o in zip(extras, owed)):  # _affordable
                 return
-            owed = min(self._owed(i, self._extra(i, c, rate, acc), acc) for c in eligible)
-            q = min(self.lease_steps, math.ceil(owed / (budget * acc.step)))
+            q = min(self.lease_steps, math.ceil(min(owed) / (budget * acc.step)))
         if q < 1:
             return
         hi = row["hi"]
