@@ -277,17 +277,21 @@ class ReplayBench:
         ``ValueError`` for an unknown configuration, ``RuntimeError`` when ``adaptive`` runs before ``warm``."""
         drafters, selector = self._setup(config)
         reqs = requests(self.problems, MEASURED_EPOCH)
-        # N, the long tail's tokens, is plain decoding's: its schedule is the trace's, the same in every plain
-        # run, so the first plain run gives it (or an untimed one, when another configuration runs first)
-        if self.tail_tokens is None and config not in (PLAIN, PLAIN_AGAIN):
-            steps = self._generate(reqs, {}, FixedStrategy())[3]
-            self.tail_tokens = long_tail_tokens(steps, self.longtail_batch)
+        self._untimed_plain_tail(reqs, [config])
         eager0 = self._eager_forwards()
         outs, wall, cpu, steps = self._generate(reqs, drafters, selector)
         eager = None if eager0 is None else self._eager_forwards() - eager0
         if self.tail_tokens is None:
             self.tail_tokens = long_tail_tokens(steps, self.longtail_batch)
         return self._result(config, rep, reqs, outs, wall, cpu, steps, eager)
+
+    def _untimed_plain_tail(self, reqs: list[GenerationRequest], configs: Sequence[str]) -> None:
+        """N, the long tail's tokens, is plain decoding's: its schedule is the trace's, the same in every plain
+        run, so the first plain run gives it; when ``configs`` has none and N is still unknown, an untimed plain
+        run of ``reqs`` gives it now."""
+        if self.tail_tokens is None and not any(c in (PLAIN, PLAIN_AGAIN) for c in configs):
+            steps = self._generate(reqs, {}, FixedStrategy())[3]
+            self.tail_tokens = long_tail_tokens(steps, self.longtail_batch)
 
     def run_lockstep(self, configs: Sequence[str], rep: int) -> list[ReplayRun]:
         """One rollout of the measured epoch under each of ``configs`` (distinct), in lock step
@@ -310,6 +314,7 @@ class ReplayBench:
                 cpu_clock=True,
             )
         reqs = requests(self.problems, MEASURED_EPOCH)
+        self._untimed_plain_tail(reqs, configs)
         outs, wall, cpu = decode_side_by_side(engines, dict.fromkeys(configs, reqs), rng)
         if self.tail_tokens is None:
             plain = next(c for c in configs if c in (PLAIN, PLAIN_AGAIN))

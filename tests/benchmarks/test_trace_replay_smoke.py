@@ -199,3 +199,14 @@ def test_a_lock_step_round_decodes_what_each_configuration_decodes_alone():
     assert side_by_side[2].strategies  # the adaptive run's choices, drained
     with pytest.raises(ValueError, match="distinct"):
         bench.run_lockstep([PLAIN, PLAIN], 2)
+
+
+def test_a_lock_step_round_without_plain_takes_the_long_tail_from_an_untimed_plain_run():
+    cfg = shape_config("tiny")
+    problems = workload.tokenize(workload.load_rows(problems=1), load_tokenizer("tiny"), cfg.vocab_size, [0])
+    bench = ReplayBench(build_model("tiny"), problems, batch=8)
+    bench.warm(0)
+    (k8,) = bench.run_lockstep(["suffix-k8"], 0)
+    plain = bench.run(PLAIN, 0)
+    assert k8.longtail_tokens == plain.longtail_tokens == plain.tokens - plain.requests  # all in the tail
+    assert 0 < k8.longtail_s <= k8.makespan_s
