@@ -1,19 +1,19 @@
-"""End-to-end RL step: the full adaptive system (tuner + drafters + bubble training) vs speculation off, same
-seed and prompts, over several steps; step-time breakdown (rollout, reward, policy update, weight sync, drafter
-training in bubbles) and the end-to-end speedup (ratio of total step time).
+"""End-to-end RL step: the adaptive system (tuner + drafters, and bubble training where the config enables it) vs
+speculation off, same seed and prompts, over a whole run; step-time breakdown (rollout, reward, policy update,
+weight sync, drafter training in bubbles) and the end-to-end speedup (ratio of total step time).
 
-    python -m benchmarks.rl_step_e2e [--steps 12] [--pairs 2] [--warm-tuner-steps 4] [--config FILE]
+    python -m benchmarks.rl_step_e2e [--steps 40] [--pairs 2] [--warm-tuner-steps 0] [--config FILE]
         [--out benchmarks/results] [--name rl_step_e2e] [dotted.key=value ...]
 
-The runs train ``--config`` (default: ``make run``'s, ``configs/running_total_tiny.yaml``: 16 of its 64
-problems per step, so from step 5 on every problem has earlier responses for the suffix drafter). Overrides
-apply to every system: ``spot.enabled=false --name rl_step_e2e_no_spot`` measures speculation without
-bubble training.
+The runs train ``--config`` (default: ``make run``'s, ``configs/running_total_tiny.yaml``, all 40 of its steps:
+16 of its 64 problems per step, so from step 5 on every problem has earlier responses for the suffix drafter;
+bubble training off). Overrides apply to every system, after its own: ``spot.enabled=true --name
+rl_step_e2e_spot`` runs both systems with bubble training.
 
-Systems: speculation off; ``adaptive`` (tuner + drafters + bubble training, a cold tuner); ``adaptive_warm``
-(the same, its tuner started from the state an unmeasured ``--warm-tuner-steps``-step run on other prompts
-left, ``tuner.init_state``: what a user's second run on the same model and machine gets; the tuner's evidence
-phase, each arm probed in each bucket, takes ~5 rollouts, the length of this whole benchmark).
+Systems: speculation off (tuner, speculation and bubble training off); ``adaptive`` (the config as it is, a cold
+tuner); with ``--warm-tuner-steps N``, ``adaptive_warm`` (the same, its tuner started from the state an unmeasured
+N-step run on other prompts left, ``tuner.init_state``: what a user's second run on the same model and machine
+gets).
 
 One RL run is stateful, so the systems cannot be interleaved step by step; instead ``--pairs`` rounds of
 whole runs alternate in ABBA order (adaptive, warm, off, off, warm, adaptive, ...), so a linear drift of the
@@ -105,7 +105,7 @@ def plot(res: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
-    shown = [("speculation off", res["speculation_off"]), ("adaptive (tuner + bubbles)", res["adaptive"])]
+    shown = [("speculation off", res["speculation_off"]), ("adaptive (tuner + drafters)", res["adaptive"])]
     if "adaptive_warm" in res:
         shown.append((f"adaptive, tuner from a {res['warm']['warmup_steps']}-step run", res["adaptive_warm"]))
     names = [n for n, _ in shown]
@@ -135,12 +135,12 @@ def plot(res: dict, path: Path) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--pairs", type=int, default=2, help="rounds of runs (one per system each), ABBA order")
     ap.add_argument(
         "--warm-tuner-steps",
         type=int,
-        default=4,
+        default=0,
         help="steps of the unmeasured run whose tuner state the adaptive-warm runs start from (0: no such system)",
     )
     ap.add_argument("--config", type=Path, default=MAKE_RUN_CONFIG, help="run config (default: make run's)")

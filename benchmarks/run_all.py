@@ -24,9 +24,9 @@ never compete for the cores:
 4. ``suffix_offline`` (the suffix drafter's offline tau on the vendored MATH rollouts, SuffixDecoding's
    protocol; ``--quick``: K = 16 only) and ``suffix_sibling_stall`` (one ``propose`` right after a long sibling
    finished, bounded vs all-at-once indexing).
-5. ``rl_step_e2e``: the end-to-end RL step, adaptive system (cold tuner, and tuner started from a 4-step
-   run's state) vs speculation off, 2 rounds of runs in ABBA order (``--quick``: 2 steps, 1 round, a 2-step
-   tuner warm-up; ``--full``: 3 rounds).
+5. ``rl_step_e2e``: the end-to-end RL step over a whole ``make run`` (40 steps), adaptive system vs speculation
+   off, 2 rounds of runs in ABBA order (``--quick``: 2 steps, 1 round, and a system whose tuner starts from a
+   2-step run's state; ``--full``: 3 rounds).
 6. ``policy_update``: one GRPO policy update on the same rollouts, the packed trainer vs the previous padded
    implementation vs TRL's ``GRPOTrainer`` loss path (a plain transformers forward + backward when TRL cannot
    be imported), with the CPU's FLOP bound (``--quick``: 8 short samples, one round).
@@ -278,12 +278,12 @@ def write_summary(results: Path, status: dict[str, dict]) -> Path:
     e2e = results / "rl_step_e2e.json"
     if "rl_step_e2e" in status and e2e.is_file():
         parts.append(e2e_markdown(e2e))
-        # the same benchmark with spot.enabled=false (docs/benchmarks.md)
-        no_spot = results / "rl_step_e2e_no_spot.json"
-        if no_spot.is_file():
-            d = json.loads(no_spot.read_text())
+        # the same benchmark with bubble training in both systems (docs/benchmarks.md)
+        spot = results / "rl_step_e2e_spot.json"
+        if spot.is_file():
+            d = json.loads(spot.read_text())
             parts.append(
-                f"Without bubble training (`spot.enabled=false --name rl_step_e2e_no_spot`): end-to-end "
+                f"With bubble training in both systems (`spot.enabled=true --name rl_step_e2e_spot`): end-to-end "
                 f"{d['end_to_end_speedup']:.2f}x, rollout {d['rollout_speedup']:.2f}x.\n"
             )
     pu = results / "policy_update.md"
