@@ -223,26 +223,26 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x * rsqrt(mean(x^2) + eps) in fp32, one fused op (five separate ones cost ~20 us per call on CPU)
-        y = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * y.to(x.dtype)
+        # weight * x * rsqrt(mean(x^2) + eps), the statistics in fp32 (as HF's), one fused op: on CPU five
+        # separate ones cost ~20 us per call; on CUDA the casts around it were three more kernels per call
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin ``[B, T, head_dim]`` for integer ``positions [B, T]`` (HF's rotate-half convention)."""
+    """cos / signed sin ``[B, T, head_dim]`` for integer ``positions [B, T]`` (RoFormer, arXiv 2104.09864, in
+    HF's rotate-half layout): ``sin``'s first half is negated, which ``_apply_rope`` relies on."""
     inv_freq = 1.0 / (
         theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
     )
     freqs = positions.float().unsqueeze(-1) * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
+    return torch.cat((freqs, freqs), dim=-1).cos(), torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [B, heads, T, D]; cos/sin: [B, 1, T, D]
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rot * sin
+    """HF's ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x2, x1)``: as ``sin`` (from
+    ``rope_cos_sin``) carries the sign, that is ``x * cos + roll(x, D/2) * sin``, three kernels instead of five.
+    x: ``[B, heads, T, D]``; cos / sin: ``[B, 1, T, D]``."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin)
 
 
 # Attention kernels allowed on CUDA: every backend but cuDNN's. cuDNN builds an execution plan per input shape,
@@ -259,9 +259,9 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw) -> torch.Tens
         return F.scaled_dot_product_attention(q, k, v, **kw)
 
 
-# Batch rows from which the cached (decode / verify) forward uses ``_grouped_attention``. Measured on the default
-# policy (6 query heads, 2 KV heads, 200 cached positions), forward time old / grouped: batch 1 0.95-0.97
-# (the extra reshapes cost more than they save), 4: 1.02, 16: 1.05, 64: 1.07 (decode) to 1.09 (5-token verify).
+# Batch rows from which the cached forward uses ``_grouped_attention`` on CPU (on CUDA: always). Measured on the
+# default policy (6 query / 2 KV heads, 200 cached positions), CPU forward time old / grouped: batch 1 0.95-0.97,
+# 4: 1.02, 16: 1.05, 64: 1.07 (decode) to 1.09 (5-token verify).
 GROUPED_ATTENTION_MIN_BATCH = 8
 
 
@@ -312,7 +312,7 @@ def per_row_pays(b: int, t: int, keys: list[int]) -> bool:
 
 def attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A boolean attention mask (True = attend) as the additive mask SDPA turns it into (0 / -inf in ``dtype``).
-    On CPU the cached forward converts once per forward rather than once per layer inside every SDPA call."""
+    The cached forward converts once per forward rather than once per layer inside every SDPA call."""
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
@@ -492,10 +492,10 @@ class Transformer(nn.Module):
             gathered = new.gather(2, rel.clamp(0, t - 1).expand(b, t, kmax))
             mask = (committed | (in_new & gathered)).unsqueeze(1)  # [B, 1, T, K]
             groups = cfg.num_attention_heads // cfg.num_key_value_heads
-            if isinstance(kv_read, list) or (groups > 1 and b >= GROUPED_ATTENTION_MIN_BATCH):
+            grouped = groups > 1 and (input_ids.is_cuda or b >= GROUPED_ATTENTION_MIN_BATCH)
+            if isinstance(kv_read, list) or grouped:
                 mask = grouped_mask(mask, groups)  # [B, 1, G*T, K], once for every layer
-            if not input_ids.is_cuda:
-                mask = attention_bias(mask, self.lm_head.weight.dtype)
+            mask = attention_bias(mask, self.lm_head.weight.dtype)  # once, not once per layer inside SDPA
         else:
             if positions is None:
                 positions = torch.arange(t, device=input_ids.device).expand(b, t)

@@ -420,12 +420,13 @@ def test_cuda_engine_greedy_with_graphs_equals_without(strategy, drafter):
 
 
 @pytest.mark.parametrize(
-    "b, heads, kv, t, k_len", [(16, 6, 2, 200, 200), (16, 6, 2, 1, 201), (64, 14, 2, 5, 300)]
+    "b, heads, kv, t, k_len",
+    [(16, 6, 2, 200, 200), (16, 6, 2, 1, 201), (64, 14, 2, 5, 300), (1, 28, 4, 1, 568), (2, 28, 4, 9, 576)],
 )
 @pytest.mark.gpu
 @requires_cuda
 def test_cuda_grouped_attention_matches_sdpa(b, heads, kv, t, k_len):
-    """The grouped path (batch >= GROUPED_ATTENTION_MIN_BATCH) on CUDA, prefill and decode / verify shapes:
+    """The grouped path (the cached forward's at every batch size on CUDA), prefill and decode / verify shapes:
     CUDA's attention kernels return a non-contiguous output for some of them (a ``view`` failed at 16 x 200)."""
     g = torch.Generator(device="cuda").manual_seed(b + t)
     q = torch.randn(b, heads, t, 64, device="cuda", generator=g)
