@@ -128,6 +128,10 @@ def time_forward(model: Transformer, batch: int, context: int, steps: int, round
         return graphed(ids, slots).logits
 
     diff = float((eager().float() - graph().float()).abs().max())
+    try:  # a diagnostic: a profiler that fails on some runtime must not cost the timings
+        kernels = profile_kernels(eager, model.config.num_hidden_layers)
+    except Exception as e:  # noqa: BLE001
+        kernels = {"error": f"{type(e).__name__}: {e}"}
     for _ in range(3):
         eager()
         graph()
@@ -148,6 +152,55 @@ def time_forward(model: Transformer, batch: int, context: int, steps: int, round
         "forward_speedup": eager_ms / graph_ms,
         "forward_max_abs_logit_diff": diff,
         "forward_graph_keys": [k._asdict() for k in pool.keys()],
+        "forward_kernels": kernels,
+    }
+
+
+def describe_kernels(k: dict) -> str:
+    """One line for ``profile_kernels``' result."""
+    if "error" in k:
+        return f"kernel profile failed ({k['error']})"
+    return (
+        f"{k['kernels_per_layer']:.1f} kernels a layer, device time GEMM {k['gemm_us'] / 1e3:.2f} ms + "
+        f"other {k['other_us'] / 1e3:.2f} ms"
+    )
+
+
+def is_gemm(kernel: str) -> bool:
+    """Whether a CUDA kernel name is a matrix product's: cuBLAS / cuBLASLt (on Hopper their kernels are named
+    ``nvjet_*``), CUTLASS, GEMM or GEMV."""
+    n = kernel.lower()
+    if "fmha" in n or "attention" in n:  # CUTLASS attention kernels: attention, not a weight's product
+        return False
+    return any(s in n for s in ("gemm", "gemv", "nvjet", "cutlass", "xmma", "cublas"))
+
+
+def profile_kernels(fn, layers: int, top: int = 12) -> dict:
+    """The GPU kernels of one call of ``fn`` (an eager forward), from ``torch.profiler``: how many, per decoder
+    layer, and their summed device time split into matrix products (cuBLAS / cuBLASLt GEMM and GEMV kernels)
+    and the rest; ``top``: the kernels with the most summed time. A graph replays the same kernels, so the
+    count says how many launches a graph holds and the rest's share says what fusion could save."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    by_name: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            by_name.setdefault(e.name, []).append(e.time_range.elapsed_us())
+    count = sum(len(v) for v in by_name.values())
+    gemm_us = sum(sum(v) for k, v in by_name.items() if is_gemm(k))
+    other_us = sum(sum(v) for k, v in by_name.items() if not is_gemm(k))
+    ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {
+        "kernels": count,
+        "kernels_per_layer": count / layers,
+        "gemm_us": gemm_us,
+        "other_us": other_us,
+        "top": [{"name": k[:120], "calls": len(v), "us": sum(v)} for k, v in ranked],
     }
 
 
@@ -301,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['engine_step_eager_ms']:.3f} -> {row['engine_step_graph_ms']:.3f} ms "
                 f"(x{row['engine_speedup']:.2f}); "
                 f"same tokens {row['engine_same_tokens']}; memory bound {row['engine_step_bound_ms']:.3f} ms "
-                f"(engine step graph / bound {row['engine_step_graph_vs_bound']:.2f}x)",
+                f"(engine step graph / bound {row['engine_step_graph_vs_bound']:.2f}x); "
+                + describe_kernels(row["forward_kernels"]),
                 flush=True,
             )
         result["models"][name] = {

@@ -231,8 +231,9 @@ def cuda_graphs_markdown(path: Path) -> str:
         ),
         "",
         "| model | batch | forward eager | forward graph | speed-up | engine step eager | engine step graph "
-        "| speed-up | memory bound | engine step graph / bound | max logit diff | same tokens |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| speed-up | memory bound | forward graph / bound | engine step graph / bound | kernels a layer "
+        "| max logit diff | same tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, mod in d["models"].items():
         for r in mod["rows"]:
@@ -241,7 +242,12 @@ def cuda_graphs_markdown(path: Path) -> str:
                 f"| {name} ({mod['dtype']}) | {r['batch']} | {r['forward_eager_ms']:.3f} | "
                 f"{r['forward_graph_ms']:.3f} | {r['forward_speedup']:.2f}x | {r['engine_step_eager_ms']:.3f} | "
                 f"{r['engine_step_graph_ms']:.3f} | {r['engine_speedup']:.2f}x | "
-                + (f"{bound:.3f} | {r['engine_step_graph_vs_bound']:.2f}x" if bound else "- | -")
+                + (
+                    f"{bound:.3f} | {r['forward_graph_vs_bound']:.2f}x | {r['engine_step_graph_vs_bound']:.2f}x"
+                    if bound
+                    else "- | - | -"
+                )
+                + f" | {r.get('forward_kernels', {}).get('kernels_per_layer', float('nan')):.1f}"
                 + f" | {r['forward_max_abs_logit_diff']:.3g} | {r['engine_same_tokens']} |"
             )
     return "\n".join(lines) + "\n"

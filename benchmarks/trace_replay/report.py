@@ -170,8 +170,13 @@ def write_markdown(result: dict, path: Path) -> str:
         "",
         f"Real Qwen2.5-Math MATH rollouts replayed token for token (`GenerationRequest.reference`) on model shapes "
         f"with random weights: {_problems(w)}, epoch {w['measured_epoch']} measured ({w['group']} "
-        f"responses per problem, all submitted together), epoch {w['history_epoch']} as history; the adaptive "
-        f"tuner warmed up on the history epoch, then {w.get('warm_problems', 0)} other problems (both epochs, "
+        f"responses per problem, all submitted together), epoch {w['history_epoch']} as history"
+        + (
+            " (put into the suffix drafter from the trace, not decoded); the adaptive tuner warmed up on "
+            if result["settings"].get("history_from_trace")
+            else "; the adaptive tuner warmed up on the history epoch, then "
+        )
+        + f"{w.get('warm_problems', 0)} other problems (both epochs, "
         f"{w.get('warm_passes', 1)} passes; its last rollout drafts with a history, as every RL step after the "
         "first); "
         f"{result['settings']['rounds']} {_rounds(result['settings'])}; long tail = the rollout's last N tokens, N = those "

@@ -189,12 +189,16 @@ class ReplayBench:
         self.adaptive.update_table(gate_table(self.tuner.merge(obs), []))
         return len(obs)
 
-    def warm(self, passes: int = 1) -> dict:
+    def warm(self, passes: int = 1, decode_history: bool = True) -> dict:
         """Warm the adaptive policy up as a long run would have, and record the drafters' history.
 
         1. once, the measured problems' history epoch (from fresh drafters: the RL step before the measured
            one); the suffix drafter's state after it (those responses in its problem and global tries) and the
-           responses' lengths (the length classes) are what every measured run starts from;
+           responses' lengths (the length classes) are what every measured run starts from. With
+           ``decode_history=False`` the epoch is not decoded: its responses (trace + EOS, what an exact replay
+           emits) go into the suffix drafter as ``finish_request`` would put them (``add_history``), and the
+           tuner learns from the warm-up problems alone (a history epoch holding one 6k-token response costs
+           minutes at 7B shapes);
         2. ``passes`` times, on the ``warm_problems`` (other than the measured ones; may be none): their
            history epoch, then their measured epoch drafting with that history (fresh drafters each pass).
 
@@ -210,10 +214,17 @@ class ReplayBench:
         t0 = time.perf_counter()
         ds = build_drafters(names=DRAFTERS)
         reqs = requests(self.problems, HISTORY_EPOCH)
-        history = self._generate(reqs, ds, self.adaptive)[0]
-        self._learn()
+        if decode_history:
+            history = self._generate(reqs, ds, self.adaptive)[0]
+            self._learn()
+            exact = sum(replay_exact(o, r, self.engine.eos) for o, r in zip(history, reqs))
+            self.history_lengths = [(o.problem_id, len(o.token_ids)) for o in history]
+        else:
+            for r in reqs:
+                ds["suffix"].add_history(r.problem_id, r.prompt_ids, [*r.reference, self.engine.replay_eos])
+            exact = None
+            self.history_lengths = [(r.problem_id, len(r.reference) + 1) for r in reqs]
         self.suffix_state = ds["suffix"].state_dict()
-        self.history_lengths = [(o.problem_id, len(o.token_ids)) for o in history]
         self.adaptive.record_lengths(self.history_lengths)
         warm_problems, warm_reqs = self.warm_problems, 0
         for _ in range(max(1, passes) if warm_problems else 0):
@@ -231,7 +242,8 @@ class ReplayBench:
             "warm_problems": len(warm_problems),
             "warm_requests": warm_reqs,
             "history_requests": len(reqs),
-            "exact": sum(replay_exact(o, r, self.engine.eos) for o, r in zip(history, reqs)),
+            "history_decoded": decode_history,
+            "exact": exact,
             "seconds": time.perf_counter() - t0,
         }
 

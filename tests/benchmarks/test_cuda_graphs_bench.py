@@ -31,13 +31,13 @@ def test_summary_table_names_the_gpu_and_every_row(tmp_path):
     assert d["gpu"] in md and f"{d['bound_gbps']:.0f} GB/s" in md
     rows = [line for line in md.splitlines() if line.startswith("| ") and "x |" in line]
     want = [
-        (r["engine_same_tokens"], r["engine_step_graph_vs_bound"])
+        (r["engine_same_tokens"], r["forward_graph_vs_bound"], r["engine_step_graph_vs_bound"])
         for m in d["models"].values()
         for r in m["rows"]
     ]
     assert len(rows) == len(want)
-    for line, (same, vs_bound) in zip(rows, want):
-        assert line.endswith(f"| {same} |") and f"| {vs_bound:.2f}x |" in line
+    for line, (same, fwd, step) in zip(rows, want):
+        assert line.endswith(f"| {same} |") and f"| {fwd:.2f}x | {step:.2f}x |" in line
     skipped = tmp_path / "skipped.json"
     skipped.write_text(json.dumps({"benchmark": "cuda_graphs", "skipped": True, "reason": "no CUDA"}))
     assert "Skipped: no CUDA" in cuda_graphs_markdown(skipped)
@@ -56,3 +56,22 @@ def test_decode_bytes_counts_each_weight_once_and_the_cache_per_token():
         per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 4
         assert decode_bytes(m, 1, 0) == weights - (0 if tied else emb)
         assert decode_bytes(m, 3, 10) - decode_bytes(m, 1, 0) == 3 * 10 * per_token
+
+
+def test_kernel_names_sorted_into_matrix_products_and_the_rest():
+    d = json.loads(MEASURED.read_text())
+    for m in d["models"].values():
+        layers = m["config"]["num_hidden_layers"]
+        for r in m["rows"]:
+            k = r["forward_kernels"]
+            gemm = [t for t in k["top"] if cuda_graphs.is_gemm(t["name"])]
+            # 7 weight products a layer (q, k, v, o, gate, up, down) and the output head
+            assert sum(t["calls"] for t in gemm) == 7 * layers + 1
+            # the products outside the top list are split-K reductions (cuBLASLt)
+            assert k["gemm_us"] >= sum(t["us"] for t in gemm) and k["other_us"] > 0
+    assert not cuda_graphs.is_gemm(
+        "fmha_cutlassF_bf16_aligned_64x128_rf_sm80(PyTorchMemEffAttention::AttentionKernel"
+    )
+    assert not cuda_graphs.is_gemm(
+        "void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor"
+    )

@@ -130,6 +130,25 @@ def test_replay_equals_the_trace():
     assert statistics.fmean(lens) > 50  # real reasoning responses, not a stub
 
 
+def test_a_history_from_the_trace_drafts_as_a_decoded_history_does():
+    cfg = shape_config("tiny")
+    problems = workload.tokenize(workload.load_rows(problems=2), load_tokenizer("tiny"), cfg.vocab_size, [0])
+    runs = {}
+    for decode in (True, False):
+        bench = ReplayBench(build_model("tiny"), problems, batch=8)
+        warm = bench.warm(0, decode_history=decode)
+        assert warm["history_decoded"] is decode and (warm["exact"] == 8 if decode else warm["exact"] is None)
+        runs[decode] = (bench.history_lengths, bench.run("suffix-k8", 0))
+    (lens_d, run_d), (lens_t, run_t) = runs[True], runs[False]
+    assert lens_d == lens_t
+    assert run_t.accepted > 0 and run_t.exact == run_t.requests
+    assert (run_t.drafted, run_t.accepted, run_t.verify_steps) == (
+        run_d.drafted,
+        run_d.accepted,
+        run_d.verify_steps,
+    )
+
+
 def test_workload_epochs_and_requests():
     cfg = shape_config("tiny")
     problems = workload.tokenize(workload.load_rows(problems=3), load_tokenizer("tiny"), cfg.vocab_size, [0])
