@@ -36,7 +36,7 @@ Contract
   speculation counters. ``Engine.step_log`` keeps one ``StepRecord`` per decode step (active batch size,
   seconds, drafted/accepted tokens) for long-tail plots and the tuner.
 * Device: the model's. On CUDA the decode and verify forwards replay CUDA graphs from a bucketed pool
-  (``cuda_graphs.py``; prefill stays eager); on CPU they run eagerly, exactly as without the option.
+  (``cuda_graphs.py``; prefill eager); q / k / v and gate / up run as fused products (``fused.py``).
 
 Run it on a model folder:
 
@@ -61,6 +61,7 @@ from services.rollout_actor.cuda_graphs import (
     TorchCudaGraphBackend,
     kv_len_buckets,
 )
+from services.rollout_actor.fused import fuse_projections
 from services.rollout_actor.model import Transformer
 from services.rollout_actor.requests import (
     GenerationRequest,
@@ -122,8 +123,7 @@ class Engine(AdmissionMixin):
             pass a fake one to run the graph path (padding, buckets, static key lengths) on CPU.
         prefix_sharing: prefill a prompt once while a slot holds it (module docstring); False prefills every
             request (A/B, tests).
-        cpu_clock: also record each decode step's process CPU time (``StepRecord.cpu_seconds``; benchmarks on a
-            shared machine). Off by default: two more clock reads per step.
+        cpu_clock: also record each step's process CPU time (``StepRecord.cpu_seconds``; two more clock reads).
         draft_headroom: KV-cache positions per slot past ``max_seq_len``. A verify step writes the longest
             draft + 1 positions for every request (padding included), so a request near ``max_seq_len`` next to
             a batch-mate drafting k tokens needs k + 1 positions beyond its own; drafts longer than the
@@ -151,6 +151,7 @@ class Engine(AdmissionMixin):
         draft_headroom: int = 64,
     ):
         self.model = model.eval()
+        fuse_projections(model)
         self.cfg = model.config
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
@@ -167,8 +168,7 @@ class Engine(AdmissionMixin):
         self.seed = seed
         self._seed_counter = itertools.count()
         self.device = next(model.parameters()).device
-        if cuda_graphs is None:
-            cuda_graphs = self.device.type == "cuda"
+        cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         if cuda_graphs and self.device.type != "cuda" and graph_backend is None:
             raise ValueError(f"cuda_graphs needs the model on CUDA, it is on {self.device}")
         # with graphs, slot max_batch_size is the scratch slot the padding rows of a batch bucket write to

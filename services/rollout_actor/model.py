@@ -31,6 +31,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from services.rollout_actor.fused import fused_linear
+
 SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM", "Qwen3ForCausalLM")
 
 
@@ -336,9 +338,8 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, mask, cache: KVCache | None, layer: int, slots, write_pos, kv_read=None):
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim)
+        q, k, v = fused_linear(self, "qkv", x) or (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        q, k, v = (y.view(b, t, -1, self.head_dim) for y in (q, k, v))
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -369,7 +370,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = fused_linear(self, "gate_up", x) or (self.gate_proj(x), self.up_proj(x))
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -556,7 +558,7 @@ class Transformer(nn.Module):
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Write config.json and model.safetensors (tied weights stored once) to ``path``."""
         os.makedirs(path, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        state = {k: v.detach().cpu().clone() for k, v in self.state_dict().items()}  # own storage (fused.py)
         if self.config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
         tmp = os.path.join(path, "model.safetensors.tmp")
@@ -588,13 +590,5 @@ def init_weights(model: Transformer, seed: int = 0, std: float = 0.02) -> Transf
     return fill_weights(model, lambda p: p.copy_(torch.randn(p.shape, generator=g) * std))
 
 
-__all__ = [
-    "ModelConfig",
-    "KVCache",
-    "Transformer",
-    "ForwardOutput",
-    "ModelLoadError",
-    "fill_weights",
-    "init_weights",
-    "rope_cos_sin",
-]
+__all__ = ["ModelConfig", "KVCache", "Transformer", "ForwardOutput", "ModelLoadError"]
+__all__ += ["fill_weights", "init_weights", "rope_cos_sin"]
