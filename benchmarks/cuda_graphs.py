@@ -46,6 +46,7 @@ from services.rollout_actor.cuda_graphs import (
     kv_len_buckets,
 )
 from services.rollout_actor.engine import Engine, GenerationRequest, SamplingParams
+from services.rollout_actor.fused import fuse_projections
 from services.rollout_actor.model import ModelConfig, Transformer
 from services.rollout_actor.shapes import REAL_SHAPES, build_model
 
@@ -333,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name in args.models.split(","):
         model, dtype = load_model(name, dev)
+        fuse_projections(model)  # as the engine does: every row measures the engine's forward
         rows = []
         for b in batches:
             row = {"batch": b}
