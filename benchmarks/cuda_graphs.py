@@ -15,6 +15,9 @@ For each model and batch size B, two measurements, eager and graphed interleaved
   and on, B requests prefilled with ``--context`` tokens, the two engines stepped alternately; the median
   of ``StepRecord.seconds`` after the first three steps (the graph captures happen there).
 
+* **kernels** (``profile_kernels``): one eager forward under ``torch.profiler``: kernels a decoder layer, and
+  their device time split into matrix products and the rest (what fusing elementwise kernels could save). The
+  model's projections are fused first, as the engine fuses them (``services/rollout_actor/fused.py``).
 * **memory bound**: the least time a plain decode step can take on this card, ``decode_bytes`` (every weight
   the forward reads once, plus each request's cached keys and values) over the card's measured bandwidth
   (``benchmarks.machine.measure_memory_bandwidth``: the faster of a read and a copy); ``*_vs_bound`` is a
