@@ -64,7 +64,12 @@ def summarize(runs: Sequence[ReplayRun], configs: Sequence[str]) -> dict:
             "tokens": rs[0].tokens,
             "steps": _median([r.steps for r in rs]),
             "makespan_speedup": _median([p.makespan_s / r.makespan_s for p, r in pairs if r.makespan_s > 0]),
-            "longtail_speedup": _median([p.longtail_s / r.longtail_s for p, r in pairs if r.longtail_s > 0]),
+            "longtail_speedup": _median(
+                lt := [p.longtail_s / r.longtail_s for p, r in pairs if r.longtail_s > 0]
+            ),
+            # the round-to-round range: the lock step's A/A compares identical decodes in the same moments, while
+            # a configuration's last N tokens fall in other moments than plain's (a short, noisy window)
+            "longtail_speedup_range": [min(lt), max(lt)] if lt else None,
             "longtail_cpu_speedup": _median(
                 [p.longtail_cpu_s / r.longtail_cpu_s for p, r in pairs if r.longtail_cpu_s > 0]
             ),
@@ -129,6 +134,8 @@ def headline(device: str, shape: str, batch: int, summary: dict) -> dict:
         # the same speedups in CPU time (steadier than wall time on a shared CPU; ~wall time on a GPU)
         "long_tail_cpu_speedup_best_fixed": cs[best]["longtail_cpu_speedup"] if best else None,
         "long_tail_cpu_speedup_adaptive": ad.get("longtail_cpu_speedup"),
+        "long_tail_speedup_range_best_fixed": cs[best]["longtail_speedup_range"] if best else None,
+        "long_tail_speedup_range_adaptive": ad.get("longtail_speedup_range"),
         "aa_spread": summary["aa"]["spread"],
         "exact_fraction": min((c["exact_fraction"] for c in cs.values()), default=None),
     }
@@ -136,6 +143,11 @@ def headline(device: str, shape: str, batch: int, summary: dict) -> dict:
 
 def _f(x, fmt="{:.2f}") -> str:
     return "-" if x is None else fmt.format(x)
+
+
+def _range(r) -> str:
+    """`` (lo-hi)`` of a speedup's range over rounds; empty with one round or none."""
+    return "" if not r or r[0] == r[1] else f" ({r[0]:.2f}-{r[1]:.2f})"
 
 
 def _machine(result: dict) -> str:
@@ -183,7 +195,9 @@ def write_markdown(result: dict, path: Path) -> str:
         f"plain decoding commits with <= {result['settings']['longtail_batch']} active requests (equal work for "
         "every configuration). Speedups: paired medians vs plain; "
         "A/A = |1 - plain/plain-again|, largest over rounds (wall time; CPU-time ratios are steadier on a shared "
-        "CPU). tau (best) = the best fixed arm's. Device: "
+        "CPU); (lo-hi): a long-tail speedup's range over rounds (a configuration's long tail falls in other "
+        "moments than plain's: the run-to-run spread, which the A/A does not show). tau (best) = the best fixed "
+        "arm's. Device: "
         f"{result['device']}{_machine(result)}."
         + (" `--quick` run." if result["settings"].get("quick") else ""),
         "",
@@ -195,7 +209,8 @@ def write_markdown(result: dict, path: Path) -> str:
     for h in result["headline"]:
         lines.append(
             f"| {h['shape']} | {h['batch']} | {h['best_fixed_arm'] or '-'} "
-            f"| {_f(h['long_tail_speedup_best_fixed'])} | {_f(h['long_tail_speedup_adaptive'])} "
+            f"| {_f(h['long_tail_speedup_best_fixed'])}{_range(h.get('long_tail_speedup_range_best_fixed'))} "
+            f"| {_f(h['long_tail_speedup_adaptive'])}{_range(h.get('long_tail_speedup_range_adaptive'))} "
             f"| {_f(h['makespan_speedup_adaptive'])} | {_f(h.get('long_tail_cpu_speedup_best_fixed'))} / "
             f"{_f(h.get('long_tail_cpu_speedup_adaptive'))} | {_f(h['tau_best'])} | {_f(h['aa_spread'], '{:.3f}')} "
             f"| {_f(h['exact_fraction'], '{:.0%}')} |"
@@ -219,7 +234,8 @@ def write_markdown(result: dict, path: Path) -> str:
             ms = "-" if not ms else f"{ms['step']:.2f}: " + " + ".join(f"{ms[k]:.2f}" for k in MS_PARTS)
             lines.append(
                 f"| {c} | {_f(d['makespan_s'], '{:.3f}')} | {_f(d['makespan_speedup'])} "
-                f"| {_f(d['longtail_s'], '{:.3f}')} | {_f(d['longtail_speedup'])} "
+                f"| {_f(d['longtail_s'], '{:.3f}')} | {_f(d['longtail_speedup'])}"
+                f"{_range(d.get('longtail_speedup_range'))} "
                 f"| {_f(d['longtail_cpu_speedup'])} | {_f(d['tau'])} | {acc} | {ms} "
                 f"| {_f(d.get('eager_forwards'), '{:d}')} |"
             )

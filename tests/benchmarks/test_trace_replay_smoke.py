@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks.trace_replay import report, workload
 from benchmarks.trace_replay.__main__ import main
-from benchmarks.trace_replay.runner import ADAPTIVE, PLAIN, PLAIN_AGAIN, ReplayBench
+from benchmarks.trace_replay.runner import ADAPTIVE, PLAIN, PLAIN_AGAIN, ReplayBench, ReplayRun
 from services.rollout_actor.shapes import build_model, load_tokenizer, shape_config
 
 ARMS = ["suffix-k8", "ngram-k3"]
@@ -229,3 +229,26 @@ def test_a_lock_step_round_without_plain_takes_the_long_tail_from_an_untimed_pla
     plain = bench.run(PLAIN, 0)
     assert k8.longtail_tokens == plain.longtail_tokens == plain.tokens - plain.requests  # all in the tail
     assert 0 < k8.longtail_s <= k8.makespan_s
+
+
+def test_speedup_range_over_rounds(result, tmp_path):
+    """Two rounds of the same runs with other long-tail seconds: the median and the range of their ratios."""
+    res, _ = result
+    blk = next(b for b in res["results"] if b["batch"] == 8)
+    rounds = []
+    for rep, scale in ((0, 1.0), (1, 1.5)):  # the second round's suffix-k8 long tail 1.5x slower
+        for r in blk["runs"]:
+            d = {k: v for k, v in r.items() if k != "tau"} | {"rep": rep}
+            if d["config"] == "suffix-k8":
+                d["longtail_s"] *= scale
+            rounds.append(ReplayRun(**d))
+    summary = report.summarize(rounds, res["settings"]["configs"])
+    one = blk["runs"]
+    plain = next(r for r in one if r["config"] == PLAIN)["longtail_s"]
+    k8 = next(r for r in one if r["config"] == "suffix-k8")["longtail_s"]
+    lo, hi = plain / (1.5 * k8), plain / k8
+    assert summary["configs"]["suffix-k8"]["longtail_speedup_range"] == [pytest.approx(lo), pytest.approx(hi)]
+    assert summary["configs"]["suffix-k8"]["longtail_speedup"] == pytest.approx((lo + hi) / 2)
+    assert summary["configs"][PLAIN]["longtail_speedup_range"] == [1.0, 1.0]
+    md = report.write_markdown({**res, "results": [{**blk, "summary": summary}]}, tmp_path / "r.md")
+    assert f"{(lo + hi) / 2:.2f} ({lo:.2f}-{hi:.2f})" in md
