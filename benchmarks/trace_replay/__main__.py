@@ -27,7 +27,7 @@ batch, acceptance rule, commit; on CUDA the forward is its launch, the kernels' 
 
 ``--quick``: the ``tiny`` shape on CPU, 8 problems (8 others to warm up: their rollouts reach the measured
 run's batch sizes, as a long run's earlier steps do), max batch 8 and 32, the arms ``QUICK_ARMS``, 2 rounds
-(~3-4 min on an idle 2-core machine). Batch 1 is left out there: it decodes all 16k tokens one step
+(~5 min on an idle 2-core machine). Batch 1 is left out there: it decodes all 16k tokens one step
 at a time in each of ~12 runs.
 ``--device cuda``: default shapes Qwen2.5-1.5B and Qwen2.5-7B in bf16 (the engine replays CUDA graphs). No Ray
 is imported (the engine, drafters and tuner policy run in this process).
@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> dict:
             )
             print(
                 f"[trace_replay]   b={batch}: warm-up (the history epoch, then {warm['warm_problems']} other "
-                f"problems x 2 epochs x {warm['passes']}) {warm['seconds']:.1f}s, {history}",
+                f"problems x {warm['passes']}) {warm['seconds']:.1f}s, {history}",
                 flush=True,
             )
             runs = []

@@ -188,9 +188,9 @@ def write_markdown(result: dict, path: Path) -> str:
             if result["settings"].get("history_from_trace")
             else "; the adaptive tuner warmed up on the history epoch, then "
         )
-        + f"{w.get('warm_problems', 0)} other problems (both epochs, "
-        f"{w.get('warm_passes', 1)} passes; its last rollout drafts with a history, as every RL step after the "
-        "first); "
+        + f"{w.get('warm_problems', 0)} other problems ({w.get('warm_passes', 1)} passes: their history epoch "
+        "into the drafter from the trace, their measured epoch decoded, drafting with a history as every RL step "
+        "after the first); "
         f"{result['settings']['rounds']} {_rounds(result['settings'])}; long tail = the rollout's last N tokens, N = those "
         f"plain decoding commits with <= {result['settings']['longtail_batch']} active requests (equal work for "
         "every configuration). Speedups: paired medians vs plain; "

@@ -8,8 +8,8 @@ Configurations: ``plain`` (speculation off), ``plain-again`` (a second plain run
 deterministic arm of ``FIXED_ARMS`` (suffix chains k4/k8/k16/k32, suffix trees k16 w2 d8 and k24 w3 d8, n-gram
 k3/k5), and ``adaptive`` (the tuner: ``StrategySelector`` over a
 ``TunerService`` table of the shipped arms whose drafters are replayable, with length-aware budgets), warm
-(``ReplayBench.warm``): before the measured runs it decodes both epochs of other problems of the trace file and
-the measured problems' history epoch, and its observations are merged into the tuner after every run, measured
+(``ReplayBench.warm``): before the measured runs it decodes the measured problems' history epoch and, with their
+history epoch in the drafter, the measured epoch of other problems of the trace file, and its observations are merged into the tuner after every run, measured
 runs included (the table persists across RL steps in a real run). The learned drafter and ``hybrid`` are left out:
 their drafts are sampled at temperature > 0, which trace replay cannot verify (the engine raises).
 
@@ -200,12 +200,12 @@ class ReplayBench:
            tuner learns from the warm-up problems alone (a history epoch holding one 6k-token response costs
            minutes at 7B shapes);
         2. ``passes`` times, on the ``warm_problems`` (other than the measured ones; may be none): their
-           history epoch, then their measured epoch drafting with that history (fresh drafters each pass).
+           history epoch into fresh drafters from the trace (``add_history``, not decoded), then their measured
+           epoch decoded, drafting with that history, as every RL step after the first does in a long run (the
+           measured runs draft with one).
 
-        Everything runs under the adaptive policy, its observations merged into the tuner after every rollout,
-        so its table has seen drafting with and without a history, and its last rollout drafted with a
-        history, as every RL step after the first does in a long run (the measured runs draft with one).
-        Returns what it did, with seconds."""
+        Every rollout runs under the adaptive policy, its observations merged into the tuner after it. Returns
+        what it did, with seconds."""
         from services.tuner.selector import StrategySelector
         from services.tuner.service import TunerService
 
@@ -229,13 +229,17 @@ class ReplayBench:
         warm_problems, warm_reqs = self.warm_problems, 0
         for _ in range(max(1, passes) if warm_problems else 0):
             ds = build_drafters(names=DRAFTERS)
-            for epoch in (HISTORY_EPOCH, MEASURED_EPOCH):
-                wreqs = requests(warm_problems, epoch)
-                outs = self._generate(wreqs, ds, self.adaptive)[0]
-                self.adaptive.record_lengths([(o.problem_id, len(o.token_ids)) for o in outs])
-                self._learn()
-                ds["suffix"].new_step(epoch + 1)
-                warm_reqs += len(wreqs)
+            hist = requests(warm_problems, HISTORY_EPOCH)
+            for r in hist:
+                ds["suffix"].add_history(r.problem_id, r.prompt_ids, [*r.reference, self.engine.replay_eos])
+            self.adaptive.record_lengths([(r.problem_id, len(r.reference) + 1) for r in hist])
+            ds["suffix"].new_step(HISTORY_EPOCH + 1)
+            wreqs = requests(warm_problems, MEASURED_EPOCH)
+            outs = self._generate(wreqs, ds, self.adaptive)[0]
+            self.adaptive.record_lengths([(o.problem_id, len(o.token_ids)) for o in outs])
+            self._learn()
+            ds["suffix"].new_step(MEASURED_EPOCH + 1)
+            warm_reqs += len(wreqs)
         self.adaptive.drain_choices()
         return {
             "passes": max(1, passes) if warm_problems else 0,
