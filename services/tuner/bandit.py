@@ -225,16 +225,11 @@ class BucketedBandit:
         ban arms reliably slower than off."""
         cfg = self.cfg
         off = bucket.arms[OFF.name].window.estimate(cfg.min_samples)
-        for name, st in bucket.arms.items():
-            if name == OFF.name:  # plain decoding's cost does not drift with the drafters' history
-                continue
+        for st in (st for name, st in bucket.arms.items() if name != OFF.name):  # off's cost does not drift
             st.window.expire(bucket.steps - cfg.horizon)
-            if st.banned_until >= 0:
-                if bucket.steps >= st.banned_until:
-                    st.banned_until = -1
-                    st.window = RateWindow(cfg.window)
-                continue
-            est = st.window.estimate(cfg.min_samples)
+            if 0 <= st.banned_until <= bucket.steps:  # the ban ended: probed afresh
+                st.banned_until, st.window = -1, RateWindow(cfg.window)
+            est = st.window.estimate(cfg.min_samples) if st.banned_until < 0 else None
             if off is not None and est is not None and faster(off, est, cfg.z):
                 st.strikes += 1
                 st.banned_until = bucket.steps + cfg.ban_steps * 2 ** (st.strikes - 1)

@@ -2,9 +2,11 @@
 
 ``StrategySelector`` implements the engine's ``StrategySelector`` protocol (``speculative/strategy.py``). Per
 decode step, in the active batch size's bucket of its copy of the central table (``bandit.py``), it plays the
-first candidate (a ``probe`` arm, rotated by the seed; else the ``explore`` arm with the highest
-``R + z * se``) when the bucket's *regret budget* pays for it (``_owed``), else the bucket's *best*: the
-table's rule re-judged on estimates that continue the table's windows with this selector's own steps. Draft
+first candidate (a ``probe`` arm, rotated by the seed; else a longer chain of the best's drafter without its
+own estimate, shortest first; else the ``explore`` arm with the highest ``R + z * se``) when the bucket's
+*regret budget* pays for it, or a candidate whose expected extra time is nil (``_pick``); else the bucket's
+*best*: the table's rule re-judged on estimates that continue the table's windows with this selector's own
+steps, counterfactual records of the played arm's ``prefix_chains`` included (``_counterfactual``). Draft
 lengths are capped by the length-aware budgets (``budgets.py``). *Lease*: when the best is off and nothing
 may be explored, the engine plays the bucket's next steps plain without asking (``Lease``; every
 ``sample_every``-th timed). *Seconds* (``clock``): ``"thread"``: the decoding thread's CPU time from
@@ -17,16 +19,18 @@ from __future__ import annotations
 import bisect
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from services.rollout_actor.speculative.base import DraftRequest
 from services.rollout_actor.speculative.strategy import OFF, Lease, StepObservation, Strategy
-from services.tuner.arms import Arm, TunerConfigError
+from services.tuner.arms import Arm, Drafter, TunerConfigError
 from services.tuner.bandit import BanditConfig, RateWindow, faster
 from services.tuner.budgets import BudgetConfig, LengthBudgets
 
 CLOCKS = ("auto", "thread", "engine")
+# drafters whose chain of k nodes is the first k nodes of their longer chain (a budget cuts the draft)
+PREFIX_DRAFTERS = (Drafter.SUFFIX, Drafter.NGRAM)
 _KEYS = ("batch_size", "arm", "committed_tokens", "seconds", "steps", "explored")  # of an observation
 
 
@@ -42,6 +46,14 @@ def resolve_clock(clock: str) -> str:
         return "engine" if torch.cuda.is_available() else "thread"
     except ImportError:
         return "thread"
+
+
+def prefix_chains(arm: Arm, arms: Iterable[Arm]) -> list[Arm]:
+    """The chains among ``arms`` that are prefixes of ``arm``'s drafts: of its drafter (one of
+    ``PREFIX_DRAFTERS``), shorter than its chain, at most as deep as its tree (its first-child chain)."""
+    k = arm.max_draft_tokens - 1 if arm.tree_width == 1 else arm.tree_depth
+    same = [a for a in arms if a.drafter == arm.drafter and a.drafter in PREFIX_DRAFTERS]
+    return [a for a in same if a.tree_width == 1 and a.max_draft_tokens <= k]
 
 
 class _Account:
@@ -100,7 +112,7 @@ class StrategySelector:
         self.edges = list(table["bucket_edges"])
         self._arms = {n: Arm.from_dict(d) for n, d in table["arms"].items()}
         self._rows = list(table["buckets"])
-        dflt = BanditConfig()
+        dflt = BanditConfig()  # for a table without them (``StrategyTable.selector`` unset)
         self.window = int(table.get("window", dflt.window))
         self.min_samples = int(table.get("min_samples", dflt.min_samples))
         self.z = float(table.get("z", dflt.z))
@@ -129,20 +141,44 @@ class StrategySelector:
             best = max(quicker)[1] if quicker else OFF.name
         probe = [n for n in row["probe"] if n not in ests]
         k = self.seed % len(probe) if probe else 0
-        explore = sorted((n for n in ests if n != best), key=lambda n: -(ests[n][0] + self.z * ests[n][1]))
+        covered = {a.name for a in prefix_chains(self._arms[best], self._arms.values())}  # records come free
+
+        def order(n: str) -> tuple[int, float]:
+            # first a longer chain of the best's drafter without its own estimate: its steps judge the best too
+            if len(own.get(n, ())) < self.min_samples and prefix_chains(self._arms[n], [self._arms[best]]):
+                return 0, self._arms[n].max_draft_tokens
+            return 1, -(ests[n][0] + self.z * ests[n][1])  # then the likeliest to beat the best
+
+        explore = sorted((n for n in ests if n != best and n not in covered), key=order)
         return best, probe[k:] + probe[:k] + explore, ests[best][0] if best in ests else None
 
-    def _owed(self, i: int, name: str, rate: float, acc: _Account) -> float:
-        """Seconds by which a step of ``name`` would overdraw bucket ``i``'s regret budget (<= 0: it fits). Its
-        expected extra time is ``s * (1 - R / R_best)`` from its mean step seconds ``s`` and throughput ``R``
-        (this selector's window, else the table's); one step of the best for an arm without either."""
+    def _extra(self, i: int, name: str, rate: float, acc: _Account) -> float:
+        """A step of ``name``'s expected seconds beyond the best's for the same tokens, ``s * (1 - R / R_best)``
+        from its mean step seconds ``s`` and throughput ``R`` (this selector's window, else the table's); one
+        step of the best for an arm without either."""
         w = self._own.get(i, {}).get(name)
         sums = w.sums() if w is not None else self._rows[i].get("windows", {}).get(name)
-        extra = acc.step if not sums or sums[2] <= 0 else max(0.0, (sums[2] - sums[1] / rate) / sums[0])
+        return acc.step if not sums or sums[2] <= 0 else (sums[2] - sums[1] / rate) / sums[0]
+
+    def _owed(self, i: int, extra: float, acc: _Account) -> float:
+        """Seconds by which a step of expected extra time ``extra`` would overdraw bucket ``i``'s regret budget
+        (<= 0: it fits)."""
         # an earlier table's overdraft is not owed: carried, it would keep the bucket from re-trying stale
         # estimates for many rollouts (exploration stays within one table's budget per table)
         allowance = max(0.0, self._rows[i].get("allowance", 0.0))
         return acc.spent + extra - allowance - self.regret_budget * acc.time
+
+    def _pick(self, i: int, cands: list[str], rate: float | None, acc: _Account) -> tuple[str | None, float]:
+        """The candidate to explore (None: none) and by how much the first would overdraw the budget (seconds):
+        the first candidate when the budget pays for it, else the first whose expected extra is nil (it costs
+        nothing in expectation, even from a spent budget, and its own steps correct a stale estimate). Nothing
+        is explored before the best has an estimate and a step under this table."""
+        if not rate or acc.step <= 0 or not cands:
+            return None, math.inf
+        extras = [self._extra(i, c, rate, acc) for c in cands]
+        if (owed := self._owed(i, extras[0], acc)) <= 0:
+            return cands[0], 0.0
+        return next((c for c, e in zip(cands, extras) if e <= 0), None), owed
 
     def choose(self, requests: list[DraftRequest]) -> list[Strategy]:
         """One ``Strategy`` per request for this step (module docstring)."""
@@ -152,8 +188,8 @@ class StrategySelector:
         i = max(0, bisect.bisect_right(self.edges, n) - 1)
         acc = self._accounts.setdefault(i, _Account())
         best, cands, rate = self._next(i)
-        explored = bool(rate and acc.step > 0 and cands and self._owed(i, cands[0], rate, acc) <= 0)
-        arm = self._arms[cands[0] if explored else best]
+        pick = self._pick(i, cands, rate, acc)[0]
+        arm, explored = self._arms[pick or best], pick is not None
         self.choices[arm.name] = self.choices.get(arm.name, 0) + 1
         self._last = (i, arm, explored, rate, t0)
         if arm.is_off:
@@ -174,6 +210,7 @@ class StrategySelector:
             self._record(i, obs.batch_size, arm.name, 0, 0.0, 1, explored)
             return
         self._record(i, obs.batch_size, arm.name, obs.committed_tokens, seconds, 1, explored)
+        self._counterfactual(i, arm, obs, seconds)
         acc = self._accounts[i]
         acc.time += seconds
         if explored:  # its extra time over the best's for the same tokens
@@ -183,14 +220,28 @@ class StrategySelector:
             if arm.is_off:
                 self._grant(i, acc)
 
+    def _counterfactual(self, i: int, arm: Arm, obs: StepObservation, seconds: float) -> None:
+        """Own records (not for the tuner) of the played arm's ``prefix_chains`` from the same step: the chain of
+        k nodes would have committed ``sum(min(accepted, k) + 1)`` tokens (``StepObservation.accepted_lengths``),
+        in the step's seconds times the two arms' ratio of mean step seconds in the table's windows."""
+        windows = self._rows[i].get("windows", {})
+        played = windows.get(arm.name)
+        if not obs.accepted_lengths or not played or played[2] <= 0:
+            return
+        for a in prefix_chains(arm, self._arms.values()):
+            if (w := windows.get(a.name)) and w[2] > 0:
+                tokens = obs.batch_size + sum(min(x, a.max_draft_tokens) for x in obs.accepted_lengths)
+                self._own_window(i, a.name).append(tokens, seconds * (w[2] / w[0]) / (played[2] / played[0]))
+
     def _grant(self, i: int, acc: _Account) -> None:
         """Lease the bucket's next steps when nothing may be explored there before they are played: as many as
         the budget needs to afford the first candidate (``lease_steps`` when there is none)."""
         best, cands, rate = self._next(i)
+        pick, owed = self._pick(i, cands, rate, acc)
         if not cands or self.regret_budget <= 0:
             q = self.lease_steps
-        elif not rate or (owed := self._owed(i, cands[0], rate, acc)) <= 0:
-            return  # the best needs its estimate first, or the candidate is affordable now: no lease
+        elif not rate or pick is not None:
+            return  # the best needs its estimate first, or a candidate may be explored now: no lease
         else:
             q = min(self.lease_steps, math.ceil(owed / (self.regret_budget * acc.step)))
         row = self._rows[i]
@@ -201,24 +252,22 @@ class StrategySelector:
         """Count the steps played under the lease (if any) in the bucket's time and report them, each timed
         sample carrying the steps since the previous one (the last, the rest); then end the lease."""
         lease, self.lease = self.lease, None
-        if lease is None:
+        if lease is not None:
+            lease.left = 0  # the engine drops it too
+        if lease is None or not lease.taken:
             return
-        i, played, lease.left = self._lease_bucket, lease.taken, 0  # left = 0: the engine drops it too
-        if played == 0:
-            return
+        i, played, samples = self._lease_bucket, lease.taken, lease.samples or [None]
         self.choices[OFF.name] = self.choices.get(OFF.name, 0) + played
-        acc, samples, prev = self._accounts[i], lease.samples or [None], 0
-        for k, s in enumerate(samples):
-            at = played if k == len(samples) - 1 else (k + 1) * self.sample_every  # Lease.take's rule
-            untimed = s is None or s.capture_seconds > 0
-            tokens, seconds = (0, 0.0) if untimed else (s.committed_tokens, s.seconds)
-            if not untimed and self.clock == "thread" and s.thread_seconds > 0:
+        acc, last = self._accounts[i], len(samples) - 1
+        for k, s in enumerate(samples):  # sample k was timed at step (k + 1) * sample_every (Lease.take)
+            steps = played - k * self.sample_every if k == last else self.sample_every
+            timed = s is not None and s.capture_seconds <= 0
+            tokens, seconds = (s.committed_tokens, s.seconds) if timed else (0, 0.0)
+            if timed and self.clock == "thread" and s.thread_seconds > 0:
                 seconds = s.thread_seconds
-            self._record(
-                i, self._rows[i]["lo"] if s is None else s.batch_size, OFF.name, tokens, seconds, at - prev
-            )
+            b = s.batch_size if s is not None else self._rows[i]["lo"]
+            self._record(i, b, OFF.name, tokens, seconds, steps)
             acc.step = seconds or acc.step
-            prev = at
         acc.time += played * acc.step
         lease.samples.clear()
 
@@ -226,10 +275,13 @@ class StrategySelector:
         """An observation for the tuner; a timed one also goes into this selector's own window of the arm."""
         self._pending.append(dict(zip(_KEYS, (b, arm, tokens, seconds, steps, explored))))
         if seconds > 0:
-            own = self._own.setdefault(i, {})
-            if arm not in own:
-                own[arm] = RateWindow(self.window)
-            own[arm].append(float(tokens), seconds)
+            self._own_window(i, arm).append(float(tokens), seconds)
+
+    def _own_window(self, i: int, arm: str) -> RateWindow:
+        own = self._own.setdefault(i, {})
+        if arm not in own:
+            own[arm] = RateWindow(self.window)
+        return own[arm]
 
     def drain_observations(self) -> list[dict[str, Any]]:
         """The records since the last call (ends the lease), for ``BucketedBandit.merge``."""

@@ -220,3 +220,107 @@ def test_an_earlier_tables_overdraft_does_not_keep_a_rollout_from_exploring_with
         sel.observe(StepObservation(1, s.name, tokens, s.max_draft_tokens, 1, 0.010))
     # each Y step costs 1 ms more than X's for its tokens; in all, within 1% of the 2 s (and one step)
     assert 8 in played[:40] and played.count(8) * 0.001 <= 0.01 * 2.0 + 0.001, played
+
+
+def test_a_chains_steps_judge_the_shorter_chains_of_its_drafter_without_playing_them():
+    # the table (an earlier rollout) says k8 is fastest: 3 tokens in 20 ms against k4's 1.2 in 10 ms. In this
+    # rollout no draft is accepted past its 2nd node, so k4 commits what k8 does in its cheaper steps
+    k4, k8 = "suffix-k4-w1", "suffix-k8-w1"
+    bandit = BucketedBandit(parse_arms(["off", k4, k8]), BanditConfig(regret_budget=0.0))
+    for _ in range(8):
+        bandit.observe(1, "off", 1, 0.010)
+        bandit.observe(1, k4, 1.2, 0.010)
+        bandit.observe(1, k8, 3, 0.020)
+    table = bandit.table()
+    assert table["buckets"][0]["best"] == k8
+    sel = StrategySelector(table, clock="engine")
+    played = []
+    for _ in range(40):
+        s = sel.choose(_requests(1))[0]
+        k = s.max_draft_tokens
+        played.append(k)
+        seconds = 0.020 if k == 8 else 0.010  # the arms' step costs, as in the table
+        sel.observe(StepObservation(1, s.name, 3, k, 2, seconds, draft_lengths=(k,), accepted_lengths=(2,)))
+    assert played[0] == 8 and 4 in played and played[-10:] == [4] * 10  # switched; nothing was explored
+    assert set(played[played.index(4) :]) == {4}  # once the best, it stays
+    # no counterfactual record reaches the tuner: its records are the steps played
+    obs = sel.drain_observations()
+    assert sum(o["steps"] for o in obs) == 40 and {o["arm"] for o in obs} == {k4, k8}
+
+
+def test_a_longer_chain_of_the_bests_drafter_is_explored_first_and_takes_over_when_its_drafts_now_pay():
+    # the table (earlier rollouts, drafts without a history) says k4 is best; k8's estimate is stale and below the
+    # n-gram arm's, so an upper-bound order would explore the n-gram arm first. Now drafts are accepted up to 7
+    # tokens: k8 commits 8 tokens per 15 ms step, k4 5 per 12 ms. k8's steps also judge k4 (its prefix), so it
+    # is explored first, and it takes over
+    k4, k8, ngram = "suffix-k4-w1", "suffix-k8-w1", "ngram-k3-w1"
+    bandit = BucketedBandit(parse_arms(["off", k4, k8, ngram]), BanditConfig(regret_budget=0.05))
+    for k in range(8):
+        jitter = 1.05 if k % 2 else 0.95
+        bandit.observe(1, "off", 1, 0.010 * jitter)
+        bandit.observe(1, k4, 2.4, 0.012 * jitter)
+        bandit.observe(1, k8, 1.5, 0.015 * jitter)
+        bandit.observe(1, ngram, 1.8, 0.010 * jitter)
+    table = bandit.table()
+    assert table["buckets"][0]["best"] == k4 and {k8, ngram} <= set(table["buckets"][0]["explore"])
+    sel = StrategySelector(table, clock="engine")
+    played = []
+    for _ in range(300):
+        s = sel.choose(_requests(1))[0]
+        played.append(s.name)
+        if s.drafter == "ngram":
+            obs = StepObservation(1, s.name, 2, 3, 1, 0.010, draft_lengths=(3,), accepted_lengths=(1,))
+        else:
+            k = s.max_draft_tokens
+            acc = min(k, 7)
+            seconds = {4: 0.012, 8: 0.015}[k]
+            obs = StepObservation(
+                1, s.name, acc + 1, k, acc, seconds, draft_lengths=(k,), accepted_lengths=(acc,)
+            )
+        sel.observe(obs)
+    explored = [n for n in played if n != "suffix-k4"]  # strategy names: the arm's without the tree width
+    assert explored[0] == "suffix-k8", played[:40]
+    # k8 is the best; the n-gram arm (6 ms extra a step) is explored within 5% of the time
+    late = played[-100:]
+    assert late.count("suffix-k8") >= 80 and "suffix-k4" not in late, late
+
+
+def test_an_overdrawn_budget_still_lets_an_arm_as_fast_as_the_best_be_played():
+    # as above, but the bucket's allowance is overdrawn (exploration spent more than its budget while drafts did
+    # not pay): an arm whose expected extra time is nil costs nothing in expectation, so it is still played,
+    # and its own steps show it faster (before, the bucket played plain, leased, until 1% of ~50 s had accrued)
+    arms = parse_arms(["off", X])
+    bandit = BucketedBandit(arms, BanditConfig(regret_budget=0.01))
+    for k in range(16):
+        s = 0.014 * (1.05 if k % 2 else 0.95)
+        bandit.observe(16, "off", 16, s)
+        bandit.observe(16, X, 16, s)
+    table = bandit.table()
+    table["buckets"][bandit.bucket_of(16)]["allowance"] = -0.5  # seconds
+    now = CostModel(profiles={X: ArmProfile(alpha=0.9, draft_ms_per_request=0.1)})
+    eng = SimEngine(StrategySelector(table, clock="engine"), now, seed=2)
+    first = eng.run([16] * 100)
+    assert sum(s.arm == X for s in first) >= 0.8 * len(first), [s.arm for s in first[:20]]
+
+
+def test_an_arm_as_fast_as_the_best_is_explored_while_an_untried_arm_waits_for_its_budget():
+    # the central evidence (drafts without a history) says X is as fast as off at batch 16, and the n-gram arm
+    # is untried; now X's drafts pay (~1.8x off). The untried arm's probe would cost a whole step, which the
+    # budget pays only after ~100 steps; X's expected extra cost is nil, so it is explored at once (with the
+    # probe as the only candidate, the first ~100 steps would be plain).
+    ngram = "ngram-k3-w1"
+    arms = parse_arms(["off", X, ngram])
+    bandit = BucketedBandit(arms, BanditConfig(regret_budget=0.01))
+    for k in range(16):
+        s = 0.014 * (1.05 if k % 2 else 0.95)
+        bandit.observe(16, "off", 16, s)
+        bandit.observe(16, X, 16, s)
+    row = bandit.table()["buckets"][bandit.bucket_of(16)]
+    assert row["best"] == "off" and X in row["explore"] and ngram in row["probe"]
+    now = CostModel(
+        profiles={X: ArmProfile(alpha=0.9, draft_ms_per_request=0.1), ngram: ArmProfile(alpha=0.1)}
+    )
+    assert now.seconds_per_token(BY_NAME["off"], 16) > 1.5 * now.seconds_per_token(BY_NAME[X], 16)
+    eng = SimEngine(StrategySelector(bandit.table(), clock="engine"), now, seed=2)
+    first = eng.run([16] * 100)
+    assert sum(s.arm == X for s in first) >= 0.8 * len(first), [s.arm for s in first[:20]]
