@@ -1,24 +1,20 @@
 """The central tuner's strategy table: one bandit per batch-size bucket, plain decoding (``off``) as baseline.
 
 After TLT's BEG-MAB (arXiv 2511.16665, "Taming the Long Tail"): decode steps are bucketed by their *active
-batch size*, because the best strategy depends on it. A step's reward is its committed tokens per second of
-draft + verify (``selector.py`` measures it). Per bucket and arm:
+batch size*. A step's reward is its committed tokens per second of draft + verify (``selector.py`` measures
+it). Per bucket and arm:
 
 - estimate: throughput ``R = sum(tokens) / sum(seconds)`` over the arm's last ``window`` steps (a drafting
-  arm's within the bucket's last ``horizon`` steps: a sliding-window bandit, Garivier & Moulines 2011), with
-  the delta-method standard error ``se`` (``estimate_from_sums``); none below ``min_samples`` steps;
+  arm's within the bucket's last ``horizon`` steps), with its delta-method standard error; none below
+  ``min_samples`` steps (``estimate_from_sums``);
 - ``a`` is reliably faster than ``b`` when ``R_a - R_b > z * hypot(se_a, se_b)`` (``faster``);
-- the table's row (``table()``): ``best`` is off unless an arm is reliably faster than off (then the fastest
-  such arm); ``guarded``: arms reliably slower than off, the k-th ban lasting ``ban_steps * 2 ** (k - 1)``
-  bucket steps, then probed afresh; ``probe``: arms without an estimate; ``explore``: the others. A bucket
-  without drafting evidence plays the best of the nearest bucket that has some;
-- the regret budget carried from rollout to rollout: the bucket's decode seconds ``time`` (an untimed record
-  counts its arm's mean step seconds) and exploration's extra seconds over the best ``spent`` (``sum(max(0,
-  seconds - tokens / R_best))`` over explored steps); the row's ``allowance = regret_budget * time - spent``
-  is what exploration may still cost there (the selector spends it).
+- the row (``table()``): ``best`` is off unless an arm is reliably faster than off (then the fastest such
+  arm); ``guarded``: arms reliably slower than off, the k-th ban lasting ``ban_steps * 2 ** (k - 1)`` bucket
+  steps; ``probe``: arms without an estimate; ``explore``: the others; ``allowance``: the regret budget left,
+  ``regret_budget * time - spent`` seconds, where ``time`` is the bucket's decode seconds and ``spent``
+  exploration's extra seconds over the best, ``sum(max(0, seconds - tokens / R_best))``.
 
-docs/tuner.md gives the reasons. ``BucketedBandit`` merges the actors' observations (``merge``), publishes
-``table()`` and is checkpointed with ``state_dict`` / ``load_state_dict`` (JSON-serializable).
+docs/tuner.md gives the reasons.
 """
 
 from __future__ import annotations
@@ -34,7 +30,7 @@ from typing import Any
 from services.tuner.arms import OFF, Arm
 from services.tuner.settings import Settings, TunerConfigError, check_int, check_number
 
-STATE_FORMAT = 3  # 2: without the buckets' time and spent (loaded with an empty regret account)
+STATE_FORMAT = 3
 
 
 @dataclass
@@ -44,8 +40,8 @@ class BanditConfig(Settings):
     bucket_edges: batch sizes where buckets start (bucket i: ``edges[i] <= b < edges[i + 1]``, the last
     open-ended); window: steps per arm in an estimate; min_samples: steps before an arm has an estimate;
     z: standard errors a difference must clear; regret_budget: exploration's extra time as a fraction of a
-    bucket's time (``selector.py``); ban_steps: bucket steps of a first ban (doubling per strike); horizon:
-    the bucket steps a drafting arm's estimate looks back.
+    bucket's time; ban_steps: bucket steps of a first ban; horizon: the bucket steps a drafting arm's
+    estimate looks back.
 
     Raises:
         TunerConfigError: a value out of range (the message names the key).
@@ -74,17 +70,31 @@ class BanditConfig(Settings):
         check_number(self.regret_budget, f"{p}.regret_budget", 0, 1)
 
 
-class RateWindow:
-    """The last ``size`` (tokens, seconds) records of one arm, each stamped with the bucket step it was taken at,
-    with running sums, so that ``estimate`` is O(1) (the selector asks it on every decode step)."""
+def estimate_from_sums(n: float, sums: Sequence[float], min_samples: int) -> tuple[float, float] | None:
+    """(R, se) in committed tokens per second from ``n`` records' ``[sum t, sum s, sum t*t, sum t*s, sum s*s]``
+    (t: tokens, s: seconds), or None below ``min_samples`` records."""
+    st, ss, stt, sts, sss = sums
+    if n < max(2, min_samples) or ss <= 0:
+        return None
+    r = st / ss
+    var = max(0.0, stt - 2 * r * sts + r * r * sss) / (n * (n - 1))  # sum((t - r s)^2) / (n (n - 1))
+    return r, math.sqrt(var) / (ss / n)
 
-    __slots__ = ("records", "_sums")
+
+def faster(a: tuple[float, float], b: tuple[float, float], z: float) -> bool:
+    """Is estimate ``a`` reliably above estimate ``b`` (module docstring)?"""
+    return a[0] - b[0] > z * math.hypot(a[1], b[1])
+
+
+class RateWindow:
+    """The last ``size`` (tokens, seconds, bucket step) records of one arm, with running sums (``estimate`` is
+    O(1): the selector asks it on every decode step)."""
 
     def __init__(self, size: int, records: Iterable[Sequence[float]] = ()) -> None:
         self.records: deque[tuple[float, float, int]] = deque(maxlen=size)
         self._sums = [0.0] * 5  # sum t, s, t*t, t*s, s*s
         for r in records:
-            self.append(float(r[0]), float(r[1]), int(r[2]) if len(r) > 2 else 0)
+            self.append(float(r[0]), float(r[1]), int(r[2]))
 
     def __len__(self) -> int:
         return len(self.records)
@@ -104,18 +114,13 @@ class RateWindow:
         while self.records and self.records[0][2] < before:
             self._add(*self.records.popleft()[:2], -1.0)
 
-    def clear(self) -> None:
-        self.records.clear()
-        self._sums = [0.0] * 5
-
     def sums(self) -> list[float]:
         """``[n, sum t, sum s, sum t*t, sum t*s, sum s*s]`` over the records (what ``table()`` publishes)."""
         return [float(len(self.records)), *self._sums]
 
     def estimate(self, min_samples: int, prior: Sequence[float] | None = None) -> tuple[float, float] | None:
-        """(throughput ``R``, standard error) in committed tokens per second (module docstring), or None with
-        fewer than ``min_samples`` records. ``prior``: another window's ``sums()`` that fills this window's free
-        places, weighted ``(size - len(self)) / n_prior`` (at most 1): a sliding window continued elsewhere."""
+        """(R, se) in tokens/s, or None below ``min_samples`` records. ``prior``: another window's ``sums()``
+        filling this window's free places, weighted ``(size - len(self)) / n_prior`` (at most 1)."""
         n, sums = float(len(self.records)), list(self._sums)
         if prior is not None and prior[0] > 0:
             w = min(1.0, (self.records.maxlen - n) / prior[0])
@@ -124,51 +129,27 @@ class RateWindow:
         return estimate_from_sums(n, sums, min_samples)
 
 
-def estimate_from_sums(n: float, sums: Sequence[float], min_samples: int) -> tuple[float, float] | None:
-    """(R, se) from ``n`` records' ``[sum t, sum s, sum t*t, sum t*s, sum s*s]`` (module docstring), or None
-    below ``min_samples`` records."""
-    st, ss, stt, sts, sss = sums
-    if n < max(2, min_samples) or ss <= 0:
-        return None
-    r = st / ss
-    var = max(0.0, stt - 2 * r * sts + r * r * sss) / (n * (n - 1))  # sum((t - r s)^2) / (n (n - 1))
-    return r, math.sqrt(var) / (ss / n)
-
-
 class _Arm:
-    """One arm in one bucket: its window of (tokens, seconds), step count and ban state (or restored from
-    ``state``, a ``_Arm.state`` of a bucket at step ``steps``)."""
+    """One arm in one bucket (restored from ``state``, an ``_Arm.state`` at bucket step ``steps``): its window,
+    steps played, explored steps, strikes and ban end (a bucket step; -1: not banned)."""
 
     def __init__(self, window: int, state: Mapping[str, Any] | None = None, steps: int = 0) -> None:
         state = state or {}
         self.window = RateWindow(window, state.get("window", ()))
-        self.n = int(state.get("n", 0))  # steps played (a record may carry several)
-        self.explored = int(state.get("explored", 0))
-        self.strikes = int(state.get("strikes", 0))
+        self.n, self.explored, self.strikes = (int(state.get(k, 0)) for k in ("n", "explored", "strikes"))
         ban_left = int(state.get("ban_left", -1))
-        self.banned_until = steps + ban_left if ban_left >= 0 else -1  # the bucket's step when the ban ends
+        self.banned_until = steps + ban_left if ban_left >= 0 else -1
 
     def state(self, steps: int) -> dict[str, Any]:
         ban_left = self.banned_until - steps if self.banned_until >= 0 else -1
         window = [list(x) for x in self.window.records]
-        return {
-            "window": window,
-            "n": self.n,
-            "explored": self.explored,
-            "strikes": self.strikes,
-            "ban_left": ban_left,
-        }
+        return dict(window=window, n=self.n, explored=self.explored, strikes=self.strikes, ban_left=ban_left)
 
     def stats(self) -> dict[str, Any]:
         w = self.window.records
         ratio = sum(r[0] for r in w) / sum(r[1] for r in w) if w else None
         median = statistics.median(r[0] / r[1] for r in w) if w else None
-        return {
-            "n": len(w),
-            "total": self.n,
-            "ratio": ratio,
-            "median": median,
-            "explored": self.explored,
+        return dict(n=len(w), total=self.n, ratio=ratio, median=median, explored=self.explored) | {
             "guarded": self.banned_until >= 0,
             "strikes": self.strikes,
         }
@@ -181,14 +162,10 @@ class _Bucket:
         self.time = self.spent = 0.0  # seconds (module docstring)
 
 
-def faster(a: tuple[float, float], b: tuple[float, float], z: float) -> bool:
-    """Is estimate ``a`` reliably above estimate ``b`` (module docstring)?"""
-    return a[0] - b[0] > z * math.hypot(a[1], b[1])
-
-
 class BucketedBandit:
-    """The central strategy table over ``arms`` (``off`` is added when missing): module docstring. Rewards are
-    in committed tokens per second; ``steps`` count decode steps."""
+    """The central strategy table over ``arms`` (``off`` is added when missing): module docstring. It merges the
+    actors' observations (``merge``), publishes ``table()`` and is checkpointed with ``state_dict`` /
+    ``load_state_dict`` (JSON-serializable)."""
 
     def __init__(self, arms: Iterable[Arm], cfg: BanditConfig | None = None) -> None:
         self.cfg = cfg or BanditConfig()
@@ -203,10 +180,6 @@ class BucketedBandit:
         """The bucket index of an active batch size (sizes below the first edge go to bucket 0)."""
         return max(0, bisect.bisect_right(self.edges, batch_size) - 1)
 
-    def bucket_range(self, i: int) -> tuple[int, int | None]:
-        """Bucket ``i``'s batch sizes ``[lo, hi)``; ``hi`` None: open-ended."""
-        return self.edges[i], self.edges[i + 1] if i + 1 < len(self.edges) else None
-
     def observe(self, batch_size: int, arm: Arm | str, tokens: float, seconds: float, **kw: Any) -> bool:
         """One record: a step's committed tokens and seconds (``seconds`` <= 0: counted, not timed); ``kw``:
         ``steps`` (how many steps it stands for, default 1) and ``explored``. Returns False for an arm this
@@ -216,11 +189,11 @@ class BucketedBandit:
 
     def merge(self, observations: Iterable[Mapping[str, Any]]) -> int:
         """Fold actors' observation dicts (``StrategySelector.drain_observations``: ``batch_size``, ``arm``,
-        ``committed_tokens``, ``seconds``, optional ``steps`` and ``explored``) in, then judge the buckets
-        they touched. An explored step's extra seconds over the bucket's best (its estimate before this merge;
-        none without one) are charged to the bucket's regret budget. Returns how many were taken (unknown arms
-        are dropped and counted in ``dropped``)."""
-        touched: dict[int, tuple[_Bucket, float | None]] = {}
+        ``committed_tokens``, ``seconds``, optional ``steps`` and ``explored``) in, then judge the buckets they
+        touched. An explored step's extra seconds over the bucket's best (as the table stood before this merge)
+        are charged to its regret budget; an untimed record counts its arm's mean step seconds in the bucket's
+        time. Returns how many were taken (unknown arms are dropped and counted in ``dropped``)."""
+        rates: dict[int, float | None] = {}  # bucket -> the best's throughput before this merge
         taken = 0
         for ob in observations:
             i = self.bucket_of(int(ob["batch_size"]))
@@ -229,11 +202,11 @@ class BucketedBandit:
             if st is None:
                 self.dropped += 1
                 continue
-            if i not in touched:  # the best's throughput as the table stands (None: no estimate)
+            if i not in rates:
                 est = bucket.arms[self._row(i)["best"]].window.estimate(self.cfg.min_samples)
-                touched[i] = (bucket, est[0] if est else None)
+                rates[i] = est[0] if est else None
             steps, taken = max(1, int(ob.get("steps") or 1)), taken + 1
-            tokens, seconds, rate = float(ob["committed_tokens"]), float(ob["seconds"]), touched[i][1]
+            tokens, seconds = float(ob["committed_tokens"]), float(ob["seconds"])
             bucket.steps += steps
             st.n += steps
             st.explored += bool(ob.get("explored"))
@@ -241,119 +214,81 @@ class BucketedBandit:
             bucket.time += steps * (seconds if seconds > 0 else sums[2] / max(1.0, sums[0]))
             if seconds > 0:
                 st.window.append(tokens, seconds, bucket.steps)
-                if ob.get("explored") and rate:
-                    bucket.spent += max(0.0, seconds - tokens / rate)
-        for bucket, _ in touched.values():
-            self._judge(bucket)
+                if ob.get("explored") and rates[i]:
+                    bucket.spent += max(0.0, seconds - tokens / rates[i])
+        for i in rates:
+            self._judge(self._buckets[i])
         return taken
 
     def _judge(self, bucket: _Bucket) -> None:
-        """Forget drafting arms' records older than ``horizon`` bucket steps, lift expired bans (the arm is probed afresh), ban
-        arms reliably slower than off."""
+        """Expire drafting arms' records older than ``horizon``; lift ended bans (the arm is probed afresh);
+        ban arms reliably slower than off."""
         cfg = self.cfg
-        for name, st in bucket.arms.items():
-            if name != OFF.name:  # plain decoding's cost does not drift with the drafters' history
-                st.window.expire(bucket.steps - cfg.horizon)
         off = bucket.arms[OFF.name].window.estimate(cfg.min_samples)
-        for name, st in bucket.arms.items():
-            if name == OFF.name:
-                continue
-            if st.banned_until >= 0:
-                if bucket.steps >= st.banned_until:
-                    st.banned_until = -1
-                    st.window.clear()
-                continue
-            est = st.window.estimate(cfg.min_samples)
-            if off is None or est is None:
-                continue
-            if faster(off, est, cfg.z):
+        for st in (st for name, st in bucket.arms.items() if name != OFF.name):  # off's cost does not drift
+            st.window.expire(bucket.steps - cfg.horizon)
+            if 0 <= st.banned_until <= bucket.steps:  # the ban ended: probed afresh
+                st.banned_until, st.window = -1, RateWindow(cfg.window)
+            est = st.window.estimate(cfg.min_samples) if st.banned_until < 0 else None
+            if off is not None and est is not None and faster(off, est, cfg.z):
                 st.strikes += 1
                 st.banned_until = bucket.steps + cfg.ban_steps * 2 ** (st.strikes - 1)
-            elif faster(est, off, cfg.z):
+            elif off is not None and est is not None and faster(est, off, cfg.z):
                 st.strikes = 0
 
-    def _row(self, i: int, borrowed: str | None = None) -> dict[str, Any]:
-        """Bucket ``i``'s table row; ``borrowed``: the best of the nearest bucket with evidence, played while
-        this one has none (``table``)."""
+    def _row(self, i: int) -> dict[str, Any]:
         cfg, bucket = self.cfg, self._buckets[i]
         ests = {
             n: st.window.estimate(cfg.min_samples) for n, st in bucket.arms.items() if st.banned_until < 0
         }
-        off = ests.get(OFF.name)
-        best = OFF.name
-        # drafting evidence here: an arm's estimate, or a strike (an arm judged slower than off here before)
-        drafting = any(e is not None for n, e in ests.items() if n != OFF.name) or any(
-            st.strikes for st in bucket.arms.values()
-        )
-        if off is not None and drafting:
+        off, best = ests.get(OFF.name), OFF.name
+        if off is not None:
             quicker = [(e[0], n) for n, e in ests.items() if e is not None and faster(e, off, cfg.z)]
             best = max(quicker)[1] if quicker else OFF.name
-        elif borrowed is not None and borrowed in ests and not drafting:
-            best = borrowed
         probe = sorted(
             (n for n, e in ests.items() if e is None and n != best),
             key=lambda n: (n != OFF.name, len(bucket.arms[n].window)),
         )
-        lo, hi = self.bucket_range(i)
         return {
             "bucket": i,
-            "lo": lo,
-            "hi": hi,
+            "lo": self.edges[i],
+            "hi": self.edges[i + 1] if i + 1 < len(self.edges) else None,
             "best": best,
             "explore": [n for n, e in ests.items() if e is not None and n != best],
             "probe": probe,
             "guarded": [n for n, st in bucket.arms.items() if st.banned_until >= 0],
-            # the windows' sums of the arms with an estimate (the selectors continue them: selector.py)
-            "windows": {n: bucket.arms[n].window.sums() for n, e in ests.items() if e is not None},
+            "windows": {n: bucket.arms[n].window.sums() for n in ests if len(bucket.arms[n].window)},
             "allowance": cfg.regret_budget * bucket.time - bucket.spent,  # seconds
         }
 
-    def _rows(self) -> list[dict[str, Any]]:
-        rows = [self._row(i) for i in range(len(self.edges))]
-        known = [i for i, r in enumerate(rows) if set(r["windows"]) - {OFF.name} or r["guarded"]]
-        for i in range(len(rows)):
-            if i not in known and known:
-                j = min(known, key=lambda j: (abs(j - i), j))  # the nearest bucket with drafting evidence
-                rows[i] = self._row(i, rows[j]["best"])
-        return rows
-
     def table(self) -> dict[str, Any]:
         """The strategy table the rollout actors play (JSON-serializable; a new ``version`` each call): per
-        bucket ``best``, ``explore``, ``probe`` and ``guarded`` arm names (module docstring), ``windows``
-        (arm name -> ``RateWindow.sums()``, the arms not guarded with an estimate) and ``allowance``
-        (seconds); the arms,
-        ``regret_budget``, and the ``window``, ``min_samples`` and ``z`` the selectors' estimates use."""
+        bucket ``lo``, ``hi`` (None: open-ended), ``best``, ``explore``, ``probe`` and ``guarded`` arm names,
+        ``windows`` (arm -> ``RateWindow.sums()``, the arms not guarded with an estimate) and ``allowance``
+        (seconds); the arms, ``regret_budget``, and the ``window``, ``min_samples`` and ``z`` of the
+        estimates."""
         self.version += 1
-        return {
-            "version": self.version,
-            "bucket_edges": list(self.edges),
-            "arms": {a.name: a.to_dict() for a in self.arms},
-            "buckets": self._rows(),
-            "regret_budget": self.cfg.regret_budget,
-            "window": self.cfg.window,
-            "min_samples": self.cfg.min_samples,
-            "z": self.cfg.z,
-        }
+        cfg, rows = self.cfg, [self._row(i) for i in range(len(self.edges))]
+        arms = {a.name: a.to_dict() for a in self.arms}
+        return dict(version=self.version, bucket_edges=list(self.edges), arms=arms, buckets=rows) | dict(
+            regret_budget=cfg.regret_budget, window=cfg.window, min_samples=cfg.min_samples, z=cfg.z
+        )
 
     def stats(self) -> dict[str, Any]:
         """Per bucket (``bucket``, ``lo``, ``hi``, ``best``): ``observations`` and ``chosen`` (steps),
         ``explored``, ``exploration_fraction``, and per arm ``n`` (window), ``total`` (steps), ``ratio``
         (throughput, tokens/s), ``median`` (of the window's per-step rewards), ``explored``, ``guarded``,
         ``strikes``; overall ``exploration_fraction`` and ``dropped``."""
-        rows, out = self._rows(), []
+        out, frac = [], lambda a, b: a / b if b else 0.0
         for i, bucket in enumerate(self._buckets):
             arms = {n: st.stats() for n, st in bucket.arms.items()}
-            explored, steps = sum(a["explored"] for a in arms.values()), bucket.steps
-            row = {k: v for k, v in rows[i].items() if k in ("bucket", "lo", "hi", "best")}
-            frac = explored / steps if steps else 0.0
-            out.append({**row, "observations": steps, "chosen": steps, "explored": explored, "arms": arms})
-            out[-1]["exploration_fraction"] = frac
-        steps, explored = sum(b["chosen"] for b in out), sum(b["explored"] for b in out)
-        return {
-            "buckets": out,
-            "exploration_fraction": explored / steps if steps else 0.0,
-            "dropped": self.dropped,
-        }
+            explored, steps, row = sum(a["explored"] for a in arms.values()), bucket.steps, self._row(i)
+            out.append(
+                {k: row[k] for k in ("bucket", "lo", "hi", "best")} | {"arms": arms, "explored": explored}
+            )
+            out[-1] |= {"observations": steps, "chosen": steps, "exploration_fraction": frac(explored, steps)}
+        explored, steps = sum(b["explored"] for b in out), sum(b["chosen"] for b in out)
+        return {"buckets": out, "exploration_fraction": frac(explored, steps), "dropped": self.dropped}
 
     def reset_arms(self, drafters: Iterable[str]) -> int:
         """Forget the evidence of every arm of ``drafters`` (a new drafter version); returns the arms reset."""
@@ -364,31 +299,31 @@ class BucketedBandit:
         return len(names)
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serializable state: config, arms, per bucket its steps, time, spent and per arm window, counts and
-        ban."""
+        """JSON-serializable state: config, arms, per bucket its steps, time, spent and per arm window, counts
+        and ban."""
         buckets = [
-            {"steps": b.steps, "time": b.time, "spent": b.spent}
-            | {"arms": {n: st.state(b.steps) for n, st in b.arms.items()}}
+            dict(
+                steps=b.steps,
+                time=b.time,
+                spent=b.spent,
+                arms={n: st.state(b.steps) for n, st in b.arms.items()},
+            )
             for b in self._buckets
         ]
-        arms = [a.to_dict() for a in self.arms]
-        return {
-            "format": STATE_FORMAT,
-            "config": self.cfg.to_dict(),
-            "arms": arms,
-            "buckets": buckets,
+        arms, cfg = [a.to_dict() for a in self.arms], self.cfg.to_dict()
+        return dict(format=STATE_FORMAT, config=cfg, arms=arms, buckets=buckets) | {
             "version": self.version,
             "dropped": self.dropped,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore ``state_dict()`` (or a format-2 state: its buckets' regret accounts start empty). This bandit's
-        config and arms win: arms absent from the state start untried, others are ignored.
+        """Restore ``state_dict()``. This bandit's config and arms win: arms absent from the state start
+        untried, others are ignored.
 
         Raises:
             TunerConfigError: another state format, or other bucket edges.
         """
-        if state.get("format") not in (2, STATE_FORMAT):
+        if state.get("format") != STATE_FORMAT:
             raise TunerConfigError(
                 f"unsupported tuner state format {state.get('format')!r} (want {STATE_FORMAT})"
             )
@@ -396,29 +331,26 @@ class BucketedBandit:
         if edges != self.edges:
             raise TunerConfigError(f"state bucket_edges {edges} differ from this tuner's {self.edges}")
         for b, bst in zip(self._buckets, state["buckets"]):
-            b.steps = int(bst["steps"])
-            b.time, b.spent = float(bst.get("time", 0.0)), float(bst.get("spent", 0.0))
+            b.steps, b.time, b.spent = int(bst["steps"]), float(bst["time"]), float(bst["spent"])
             b.arms = {n: _Arm(self.cfg.window, bst["arms"].get(n), b.steps) for n in b.arms}
         self.version, self.dropped = int(state.get("version", 0)), int(state.get("dropped", 0))
 
 
 def share_allowance(table: Mapping[str, Any], fraction: float) -> dict[str, Any]:
-    """A copy of ``table`` with each bucket's ``allowance`` scaled by ``fraction``. The allowance is the bucket's
-    whole regret budget: rollout actors that play one table charge their explorations to the same buckets, so
-    each of n gets ``1 / n`` of it; a replay of a sample (``measure_speedup``) gets none and explores only
-    within ``regret_budget`` of its own time."""
+    """A copy of ``table`` with each bucket's ``allowance`` (seconds) scaled by ``fraction``: the n rollout
+    actors that play one table charge their explorations to the same buckets, so each gets ``1 / n``; a replay
+    of a sample (``measure_speedup``) gets none."""
     buckets = [{**b, "allowance": b.get("allowance", 0.0) * fraction} for b in table["buckets"]]
     return {**table, "buckets": buckets}
 
 
 def gate_table(table: Mapping[str, Any], drafters: Iterable[str]) -> dict[str, Any]:
-    """A copy of ``table`` in which no bucket plays an arm of ``drafters``: they leave ``explore`` and ``probe``,
-    a ``best`` among them becomes ``off``, and each bucket lists them under ``gated``. Used to keep an untrained
-    learned drafter out of rollouts (``tuner.learned_min_top1``); the bandit itself is untouched."""
-    drop = set(drafters)
-    if not drop:
+    """A copy of ``table`` in which no bucket plays an arm of ``drafters``: they leave ``explore``, ``probe``
+    and ``windows``, a ``best`` among them becomes ``off``, and each bucket lists them under ``gated``. Keeps an
+    untrained learned drafter out of rollouts (``tuner.learned_min_top1``); the bandit is untouched."""
+    if not set(drafters):
         return dict(table)
-    gated = sorted(n for n, d in table["arms"].items() if d.get("drafter") in drop)
+    gated = sorted(n for n, d in table["arms"].items() if d.get("drafter") in set(drafters))
     buckets = []
     for b in table["buckets"]:
         best = OFF.name if b["best"] in gated else b["best"]

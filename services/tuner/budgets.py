@@ -9,7 +9,7 @@ Configuration errors raise ``TunerConfigError`` naming the key; bad requests rai
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,10 +76,6 @@ class LengthHistory:
         self._lengths[problem_id].append(length)
         self._thresholds = None
 
-    def record_many(self, items: Iterable[tuple[str, int]]) -> None:
-        for pid, n in items:
-            self.record(pid, n)
-
     def predicted(self, problem_id: str) -> float | None:
         """``(1 - max_weight) * mean + max_weight * max`` of the problem's recent lengths; None if unknown."""
         q, w = self._lengths.get(problem_id), self.cfg.max_weight
@@ -120,9 +116,6 @@ class LengthBudgets:
         self.cfg = cfg if cfg is not None else BudgetConfig()
         self.history = history if history is not None else LengthHistory(self.cfg)
 
-    def classify(self, problem_id: str, generated: int = 0) -> str:
-        return self.history.classify(problem_id, generated)
-
     def allocate(self, requests: Sequence[Sequence[Any]], quota: int | None = None) -> dict[str, int]:
         """``{request_id: draft budget}`` for one decode step, in input order.
 
@@ -138,21 +131,19 @@ class LengthBudgets:
         for i, req in enumerate(requests):
             if len(req) not in (3, 4):
                 raise ValueError(
-                    f"requests[{i}]: expected (request_id, problem_id, requested_budget[, generated]), got {req!r}"
+                    f"requests[{i}]: expected (request_id, problem_id, budget[, generated]): {req!r}"
                 )
-            rid, pid, want = req[0], req[1], req[2]
-            generated = int(req[3]) if len(req) == 4 and req[3] is not None else 0
+            rid, pid, want, generated = *req[:3], int(req[3] or 0) if len(req) == 4 else 0
             if rid in seen:
                 raise ValueError(f"requests[{i}]: duplicate request_id {rid!r}")
+            if want is not None and (isinstance(want, bool) or not isinstance(want, int) or want < 0):
+                raise ValueError(f"requests[{i}]: requested_budget must be an integer >= 0 or None: {want!r}")
             seen.add(rid)
             cls = self.history.classify(pid, generated)
-            cap = getattr(self.cfg, cls)
-            if want is not None and (isinstance(want, bool) or not isinstance(want, int) or want < 0):
-                raise ValueError(
-                    f"requests[{i}]: requested_budget must be an integer >= 0 or None, got {want!r}"
-                )
-            pred = max(self.history.predicted(pid) or 0.0, float(generated))
-            rows.append((CLASSES.index(cls), -pred, i, rid, cap if want is None else min(want, cap)))
+            cap = getattr(self.cfg, cls) if want is None else min(want, getattr(self.cfg, cls))
+            rows.append(
+                (CLASSES.index(cls), -max(self.history.predicted(pid) or 0.0, generated), i, rid, cap)
+            )
         out, left = {}, quota
         for *_, rid, want in sorted(rows):
             out[rid] = min(want, left)

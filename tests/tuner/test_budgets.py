@@ -98,7 +98,7 @@ def test_allocate_within_class_longest_first_and_online_length():
     lb.history.record("long2", 9000)  # predicted longer than long0
     reqs = [("a", "long0", None), ("b", "long2", None), ("c", "mid0", None, 5000)]
     # c has already generated 5000 tokens: long. Longest first: b (predicted 7750), c (5000), a (4000)
-    assert lb.classify("mid0", 5000) == "long"
+    assert lb.history.classify("mid0", 5000) == "long"
     assert lb.allocate(reqs, quota=20) == {"a": 0, "b": 16, "c": 4}
 
 

@@ -197,44 +197,29 @@ def test_within_a_rollout_the_selector_leaves_a_stale_best_for_the_arm_its_own_s
     assert eng.log[0].arm == X  # it starts from the table's best
 
 
-def test_an_arm_as_fast_as_the_best_is_explored_while_an_untried_arm_waits_for_its_budget():
-    # the central evidence (drafts without a history) says X is as fast as off at batch 16, and the n-gram arm
-    # is untried; now X's drafts pay (~1.8x off). The untried arm's probe would cost a whole step, which the
-    # budget pays only after ~100 steps; X's expected extra cost is nil, so it is explored at once (with the
-    # probe as the only candidate, the first ~100 steps would be plain).
-    ngram = "ngram-k3-w1"
-    arms = parse_arms(["off", X, ngram])
-    bandit = BucketedBandit(arms, BanditConfig(regret_budget=0.01))
+def test_an_earlier_tables_overdraft_does_not_keep_a_rollout_from_exploring_within_its_own_budget():
+    # the table's allowance is overdrawn by 0.5 s (earlier rollouts' explorations cost more than expected); the
+    # rollout still explores within 1% of its own time: X plays, Y (1 ms a step slower) is tried after ~10 steps
+    Y = "suffix-k8-w1"
+    bandit = BucketedBandit(parse_arms(["off", X, Y]), BanditConfig(regret_budget=0.01))
     for k in range(16):
-        s = 0.014 * (1.05 if k % 2 else 0.95)
-        bandit.observe(16, "off", 16, s)
-        bandit.observe(16, X, 16, s)
-    row = bandit.table()["buckets"][bandit.bucket_of(16)]
-    assert row["best"] == "off" and X in row["explore"] and ngram in row["probe"]
-    now = CostModel(
-        profiles={X: ArmProfile(alpha=0.9, draft_ms_per_request=0.1), ngram: ArmProfile(alpha=0.1)}
-    )
-    assert now.seconds_per_token(BY_NAME["off"], 16) > 1.5 * now.seconds_per_token(BY_NAME[X], 16)
-    eng = SimEngine(StrategySelector(bandit.table(), clock="engine"), now, seed=2)
-    first = eng.run([16] * 100)
-    assert sum(s.arm == X for s in first) >= 0.8 * len(first), [s.arm for s in first[:20]]
-
-
-def test_a_bucket_probes_at_once_the_arm_an_adjacent_bucket_finds_fastest():
-    bandit = BucketedBandit(ARMS, BanditConfig(regret_budget=0.01))
-    for k in range(16):
-        s = 0.010 * (1.05 if k % 2 else 0.95)
-        bandit.observe(4, "off", 4, s)
-        bandit.observe(4, X, 12, s)  # ~3x off at batch 4
-        bandit.observe(8, "off", 8, s)
-        bandit.observe(8, Y, 6, s)  # slower than off at batch 8 (banned), X untried there
-    rows = bandit.table()["buckets"]
-    assert rows[bandit.bucket_of(4)]["best"] == X
-    assert rows[bandit.bucket_of(8)]["best"] == "off" and X in rows[bandit.bucket_of(8)]["probe"]
-    eng = SimEngine(StrategySelector(bandit.table(), clock="engine"), MODEL, seed=1)
-    # a probe of an arm without any evidence here waits until 1% of the bucket's time pays one step (~100
-    # steps); the neighbour's best is probed at once
-    assert X in [s.arm for s in eng.run([8] * 10)]
+        jitter = 1.05 if k % 2 else 0.95
+        bandit.observe(1, "off", 1, 0.010 * jitter)
+        bandit.observe(1, X, 2, 0.010 * jitter)
+        bandit.observe(1, Y, 1.8, 0.010 * jitter)
+    table = bandit.table()
+    row = table["buckets"][0]
+    assert row["best"] == X and Y in row["explore"]
+    row["allowance"] = -0.5  # seconds
+    sel = StrategySelector(table, clock="engine")
+    played = []
+    for _ in range(200):
+        s = sel.choose(_requests(1))[0]
+        played.append(s.max_draft_tokens)
+        tokens = 2 if s.max_draft_tokens == 4 else 1.8
+        sel.observe(StepObservation(1, s.name, tokens, s.max_draft_tokens, 1, 0.010))
+    # each Y step costs 1 ms more than X's for its tokens; in all, within 1% of the 2 s (and one step)
+    assert 8 in played[:40] and played.count(8) * 0.001 <= 0.01 * 2.0 + 0.001, played
 
 
 def test_a_chains_steps_judge_the_shorter_chains_of_its_drafter_without_playing_them():
@@ -300,31 +285,6 @@ def test_a_longer_chain_of_the_bests_drafter_is_explored_first_and_takes_over_wh
     assert late.count("suffix-k8") >= 80 and "suffix-k4" not in late, late
 
 
-def test_an_earlier_tables_overdraft_does_not_keep_a_rollout_from_exploring_within_its_own_budget():
-    # the table's allowance is overdrawn by 0.5 s (earlier rollouts' explorations cost more than expected); the
-    # rollout still explores within 1% of its own time: X plays, Y (1 ms a step slower) is tried after ~10 steps
-    Y = "suffix-k8-w1"
-    bandit = BucketedBandit(parse_arms(["off", X, Y]), BanditConfig(regret_budget=0.01))
-    for k in range(16):
-        jitter = 1.05 if k % 2 else 0.95
-        bandit.observe(1, "off", 1, 0.010 * jitter)
-        bandit.observe(1, X, 2, 0.010 * jitter)
-        bandit.observe(1, Y, 1.8, 0.010 * jitter)
-    table = bandit.table()
-    row = table["buckets"][0]
-    assert row["best"] == X and Y in row["explore"]
-    row["allowance"] = -0.5  # seconds
-    sel = StrategySelector(table, clock="engine")
-    played = []
-    for _ in range(200):
-        s = sel.choose(_requests(1))[0]
-        played.append(s.max_draft_tokens)
-        tokens = 2 if s.max_draft_tokens == 4 else 1.8
-        sel.observe(StepObservation(1, s.name, tokens, s.max_draft_tokens, 1, 0.010))
-    # each Y step costs 1 ms more than X's for its tokens; in all, within 1% of the 2 s (and one step)
-    assert 8 in played[:40] and played.count(8) * 0.001 <= 0.01 * 2.0 + 0.001, played
-
-
 def test_an_overdrawn_budget_still_lets_an_arm_as_fast_as_the_best_be_played():
     # as above, but the bucket's allowance is overdrawn (exploration spent more than its budget while drafts did
     # not pay): an arm whose expected extra time is nil costs nothing in expectation, so it is still played,
@@ -339,5 +299,28 @@ def test_an_overdrawn_budget_still_lets_an_arm_as_fast_as_the_best_be_played():
     table["buckets"][bandit.bucket_of(16)]["allowance"] = -0.5  # seconds
     now = CostModel(profiles={X: ArmProfile(alpha=0.9, draft_ms_per_request=0.1)})
     eng = SimEngine(StrategySelector(table, clock="engine"), now, seed=2)
+    first = eng.run([16] * 100)
+    assert sum(s.arm == X for s in first) >= 0.8 * len(first), [s.arm for s in first[:20]]
+
+
+def test_an_arm_as_fast_as_the_best_is_explored_while_an_untried_arm_waits_for_its_budget():
+    # the central evidence (drafts without a history) says X is as fast as off at batch 16, and the n-gram arm
+    # is untried; now X's drafts pay (~1.8x off). The untried arm's probe would cost a whole step, which the
+    # budget pays only after ~100 steps; X's expected extra cost is nil, so it is explored at once (with the
+    # probe as the only candidate, the first ~100 steps would be plain).
+    ngram = "ngram-k3-w1"
+    arms = parse_arms(["off", X, ngram])
+    bandit = BucketedBandit(arms, BanditConfig(regret_budget=0.01))
+    for k in range(16):
+        s = 0.014 * (1.05 if k % 2 else 0.95)
+        bandit.observe(16, "off", 16, s)
+        bandit.observe(16, X, 16, s)
+    row = bandit.table()["buckets"][bandit.bucket_of(16)]
+    assert row["best"] == "off" and X in row["explore"] and ngram in row["probe"]
+    now = CostModel(
+        profiles={X: ArmProfile(alpha=0.9, draft_ms_per_request=0.1), ngram: ArmProfile(alpha=0.1)}
+    )
+    assert now.seconds_per_token(BY_NAME["off"], 16) > 1.5 * now.seconds_per_token(BY_NAME[X], 16)
+    eng = SimEngine(StrategySelector(bandit.table(), clock="engine"), now, seed=2)
     first = eng.run([16] * 100)
     assert sum(s.arm == X for s in first) >= 0.8 * len(first), [s.arm for s in first[:20]]
