@@ -9,9 +9,10 @@ deterministic arm of ``FIXED_ARMS`` (suffix chains k4/k8/k16/k32, suffix trees k
 k3/k5), and ``adaptive`` (the tuner: ``StrategySelector`` over a
 ``TunerService`` table of the shipped arms whose drafters are replayable, with length-aware budgets), warm
 (``ReplayBench.warm``): before the measured runs it decodes the measured problems' history epoch and, with their
-history epoch in the drafter, the measured epoch of other problems of the trace file, and its observations are merged into the tuner after every run, measured
-runs included (the table persists across RL steps in a real run). The learned drafter and ``hybrid`` are left out:
-their drafts are sampled at temperature > 0, which trace replay cannot verify (the engine raises).
+history epoch in the drafter, the measured epoch of other problems of the trace file, and its observations are
+merged into the tuner after every run, measured runs included (the table persists across RL steps in a real
+run). The learned drafter and ``hybrid`` are left out: their drafts are sampled at temperature > 0, which trace
+replay cannot verify (the engine raises).
 
 Every run starts from the same drafter state: the suffix drafter holds the history epoch's responses (their
 problem and global tries), the n-gram drafter nothing; within a run they learn online (a request's own tokens,
@@ -220,19 +221,14 @@ class ReplayBench:
             exact = sum(replay_exact(o, r, self.engine.eos) for o, r in zip(history, reqs))
             self.history_lengths = [(o.problem_id, len(o.token_ids)) for o in history]
         else:
-            for r in reqs:
-                ds["suffix"].add_history(r.problem_id, r.prompt_ids, [*r.reference, self.engine.replay_eos])
             exact = None
-            self.history_lengths = [(r.problem_id, len(r.reference) + 1) for r in reqs]
+            self.history_lengths = self._history_from_trace(ds, reqs)
         self.suffix_state = ds["suffix"].state_dict()
         self.adaptive.record_lengths(self.history_lengths)
         warm_problems, warm_reqs = self.warm_problems, 0
         for _ in range(max(1, passes) if warm_problems else 0):
             ds = build_drafters(names=DRAFTERS)
-            hist = requests(warm_problems, HISTORY_EPOCH)
-            for r in hist:
-                ds["suffix"].add_history(r.problem_id, r.prompt_ids, [*r.reference, self.engine.replay_eos])
-            self.adaptive.record_lengths([(r.problem_id, len(r.reference) + 1) for r in hist])
+            self.adaptive.record_lengths(self._history_from_trace(ds, requests(warm_problems, HISTORY_EPOCH)))
             ds["suffix"].new_step(HISTORY_EPOCH + 1)
             wreqs = requests(warm_problems, MEASURED_EPOCH)
             outs = self._generate(wreqs, ds, self.adaptive)[0]
@@ -250,6 +246,13 @@ class ReplayBench:
             "exact": exact,
             "seconds": time.perf_counter() - t0,
         }
+
+    def _history_from_trace(self, drafters: dict, reqs: list[GenerationRequest]) -> list[tuple[str, int]]:
+        """Put ``reqs``' responses (trace + EOS, what an exact replay emits) into the suffix drafter as
+        ``finish_request`` would (``add_history``), without decoding them. Returns ``(problem_id, length)``."""
+        for r in reqs:
+            drafters["suffix"].add_history(r.problem_id, r.prompt_ids, [*r.reference, self.engine.replay_eos])
+        return [(r.problem_id, len(r.reference) + 1) for r in reqs]
 
     # ------------------------------------------------------------------ runs
     def _generate(self, reqs, drafters, selector) -> tuple[list[RequestOutput], float, float, list]:
