@@ -236,15 +236,28 @@ class BucketedBandit:
             elif off is not None and est is not None and faster(est, off, cfg.z):
                 st.strikes = 0
 
-    def _row(self, i: int) -> dict[str, Any]:
+    def _drafting(self, i: int) -> bool:
+        """Whether bucket ``i`` has drafting evidence: an unbanned drafting arm's estimate, or a strike (an arm
+        judged slower than off there)."""
+        return any(
+            st.strikes or (st.banned_until < 0 and st.window.estimate(self.cfg.min_samples) is not None)
+            for n, st in self._buckets[i].arms.items()
+            if n != OFF.name
+        )
+
+    def _row(self, i: int, borrowed: str | None = None) -> dict[str, Any]:
+        """Bucket ``i``'s table row; ``borrowed``: the best of the nearest bucket with drafting evidence, played
+        while this one has none (``table``)."""
         cfg, bucket = self.cfg, self._buckets[i]
         ests = {
             n: st.window.estimate(cfg.min_samples) for n, st in bucket.arms.items() if st.banned_until < 0
         }
-        off, best = ests.get(OFF.name), OFF.name
-        if off is not None:
+        off, best, drafting = ests.get(OFF.name), OFF.name, self._drafting(i)
+        if off is not None and drafting:
             quicker = [(e[0], n) for n, e in ests.items() if e is not None and faster(e, off, cfg.z)]
             best = max(quicker)[1] if quicker else OFF.name
+        elif borrowed in ests and not drafting:
+            best = borrowed
         probe = sorted(
             (n for n, e in ests.items() if e is None and n != best),
             key=lambda n: (n != OFF.name, len(bucket.arms[n].window)),
@@ -263,12 +276,18 @@ class BucketedBandit:
 
     def table(self) -> dict[str, Any]:
         """The strategy table the rollout actors play (JSON-serializable; a new ``version`` each call): per
-        bucket ``lo``, ``hi`` (None: open-ended), ``best``, ``explore``, ``probe`` and ``guarded`` arm names,
+        bucket ``lo``, ``hi`` (None: open-ended), ``best`` (a bucket without drafting evidence: the nearest such
+        bucket's), ``explore``, ``probe`` and ``guarded`` arm names,
         ``windows`` (arm -> ``RateWindow.sums()``, the arms not guarded with an estimate) and ``allowance``
         (seconds); the arms, ``regret_budget``, and the ``window``, ``min_samples`` and ``z`` of the
         estimates."""
         self.version += 1
         cfg, rows = self.cfg, [self._row(i) for i in range(len(self.edges))]
+        # a bucket without drafting evidence plays the best of the nearest bucket that has some: off's evidence
+        # alone cannot say whether drafting pays, and some batch sizes get few steps per rollout
+        known = [i for i in range(len(rows)) if self._drafting(i)]
+        for i in (i for i in range(len(rows)) if known and i not in known):
+            rows[i] = self._row(i, rows[min(known, key=lambda j: (abs(j - i), j))]["best"])
         arms = {a.name: a.to_dict() for a in self.arms}
         return dict(version=self.version, bucket_edges=list(self.edges), arms=arms, buckets=rows) | dict(
             regret_budget=cfg.regret_budget, window=cfg.window, min_samples=cfg.min_samples, z=cfg.z
