@@ -9,7 +9,7 @@ it). Per bucket and arm:
   ``min_samples`` steps (``estimate_from_sums``);
 - ``a`` is reliably faster than ``b`` when ``R_a - R_b > z * hypot(se_a, se_b)`` (``faster``);
 - the row (``table()``): ``best`` is off unless an arm is reliably faster than off (then the fastest such
-  arm); ``guarded``: arms reliably slower than off, the k-th ban lasting ``ban_steps * 2 ** (k - 1)`` bucket
+  arm; a bucket without drafting evidence plays the nearest such bucket's best); ``guarded``: arms reliably slower than off, the k-th ban lasting ``ban_steps * 2 ** (k - 1)`` bucket
   steps; ``probe``: arms without an estimate; ``explore``: the others; ``allowance``: the regret budget left,
   ``regret_budget * time - spent`` seconds, where ``time`` is the bucket's decode seconds and ``spent``
   exploration's extra seconds over the best, ``sum(max(0, seconds - tokens / R_best))``.
