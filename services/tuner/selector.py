@@ -111,6 +111,8 @@ class StrategySelector:
         self.regret_budget = float(table.get("regret_budget", 0.0))
         self.edges = list(table["bucket_edges"])
         self._arms = {n: Arm.from_dict(d) for n, d in table["arms"].items()}
+        # per arm, the chains its steps give counterfactual records to (once per table, not per step)
+        self._prefixes = {n: prefix_chains(a, self._arms.values()) for n, a in self._arms.items()}
         self._rows = list(table["buckets"])
         dflt = BanditConfig()  # for a table without them (``StrategyTable.selector`` unset)
         self.window = int(table.get("window", dflt.window))
@@ -141,11 +143,11 @@ class StrategySelector:
             best = max(quicker)[1] if quicker else OFF.name
         probe = [n for n in row["probe"] if n not in ests]
         k = self.seed % len(probe) if probe else 0
-        covered = {a.name for a in prefix_chains(self._arms[best], self._arms.values())}  # records come free
+        covered = {a.name for a in self._prefixes[best]}  # their records come free
 
         def order(n: str) -> tuple[int, float]:
             # first a longer chain of the best's drafter without its own estimate: its steps judge the best too
-            if len(own.get(n, ())) < self.min_samples and prefix_chains(self._arms[n], [self._arms[best]]):
+            if len(own.get(n, ())) < self.min_samples and self._arms[best] in self._prefixes[n]:
                 return 0, self._arms[n].max_draft_tokens
             return 1, -(ests[n][0] + self.z * ests[n][1])  # then the likeliest to beat the best
 
@@ -228,7 +230,7 @@ class StrategySelector:
         played = windows.get(arm.name)
         if not obs.accepted_lengths or not played or played[2] <= 0:
             return
-        for a in prefix_chains(arm, self._arms.values()):
+        for a in self._prefixes[arm.name]:
             if (w := windows.get(a.name)) and w[2] > 0:
                 tokens = obs.batch_size + sum(min(x, a.max_draft_tokens) for x in obs.accepted_lengths)
                 self._own_window(i, a.name).append(tokens, seconds * (w[2] / w[0]) / (played[2] / played[0]))
