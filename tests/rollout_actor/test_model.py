@@ -213,3 +213,20 @@ def test_bfloat16_model_runs_with_cache_and_stays_close_to_float32(pair):
     assert got.dtype == torch.bfloat16
     err = (got.float() - want[:, :9]).abs().max().item()
     assert err <= 0.03 * want.abs().max().item(), (name, err)
+
+
+def test_kv_cache_read_gathers_scattered_slots_and_views_a_slice(pair):
+    """``KVCache.read``: scattered slots are gathered (on CPU into a reused buffer) with the values advanced
+    indexing gives; a slice is a view of the cache."""
+    _, _, ours = pair
+    cache = ours.new_cache(num_slots=6, max_len=16)
+    cache.k.normal_(generator=torch.Generator().manual_seed(1))
+    cache.v.normal_(generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        for layer, rows in ((0, [4, 1, 3]), (1, [0, 5])):
+            k, v = cache.read(layer, torch.tensor(rows), 11)
+            assert torch.equal(k, cache.k[layer][rows, :, :11]) and torch.equal(
+                v, cache.v[layer][rows, :, :11]
+            )
+        k, _ = cache.read(1, slice(2, 4), 7)
+        assert k.data_ptr() == cache.k[1, 2].data_ptr() and k.shape[0] == 2 and k.shape[2] == 7
