@@ -6,9 +6,7 @@
 Imports no service module: the tuner's gRPC face (which serves the table) and the rollout actor's (which
 receives it) both use it. The table's ``regret_budget`` travels in ``StrategyTable.ledger.budget``, its
 ``window``, ``min_samples`` and ``z`` in ``StrategyTable.selector``, each bucket's ``windows`` (the arms' window
-sums, ``RateWindow.sums()``) in ``StrategyBucket.windows`` and its ``allowance`` (seconds); the
-message's other legacy fields (``epsilon``, ``explore_p``, ``off_estimate``, ``free``, ``demote``) are left
-unset here and only checked on receipt.
+sums, ``RateWindow.sums()``) in ``StrategyBucket.windows`` and its ``allowance`` (seconds).
 """
 
 from __future__ import annotations
@@ -113,10 +111,9 @@ def table_from_pb(pb: common_pb2.StrategyTable) -> dict[str, Any]:
 
 def check_table_pb(pb: common_pb2.StrategyTable, field: str = "table") -> None:
     """Refuse (``InvalidArgument``) a received ``StrategyTable`` that a rollout actor could not play: unknown
-    drafters, arms a bucket names but the table does not define, probabilities outside [0, 1], non-finite
+    drafters, arms a bucket names but the table does not define, a regret budget outside (0, 1], non-finite
     numbers, bucket bounds out of order, absurd draft shapes or versions."""
     check_counter(pb.version, f"{field}.version", at_least=1)
-    check_number(pb.epsilon, f"{field}.epsilon", hi=1.0)
     edges = list(pb.bucket_edges)
     if any(b <= a for a, b in zip(edges, edges[1:])):
         raise InvalidArgument(f"{field}.bucket_edges must increase, got {edges[:20]}")
@@ -137,18 +134,12 @@ def check_table_pb(pb: common_pb2.StrategyTable, field: str = "table") -> None:
         f = f"{field}.buckets[{i}]"
         if b.HasField("hi") and b.hi <= b.lo:
             raise InvalidArgument(f"{f}: hi {b.hi} must be > lo {b.lo}")
-        for key in ("explore", "probe", "guarded", "free"):
+        for key in ("explore", "probe", "guarded"):
             unknown = [n for n in getattr(b, key) if n not in names]
             if unknown:
                 raise InvalidArgument(f"{f}.{key} names arms the table does not define: {unknown[:3]}")
         if b.best not in names:
             raise InvalidArgument(f"{f}.best {b.best[:64]!r} is not an arm of the table")
-        if b.explore_p and len(b.explore_p) != len(b.explore):
-            raise InvalidArgument(f"{f}.explore_p has {len(b.explore_p)} values for {len(b.explore)} arms")
-        for p in b.explore_p:
-            check_number(p, f"{f}.explore_p[]", hi=1.0)
-        if b.HasField("off_estimate"):
-            check_number(b.off_estimate, f"{f}.off_estimate", hi=1e12)
         for j, w in enumerate(b.windows):
             if w.arm not in names or w.arm in b.guarded:
                 raise InvalidArgument(
@@ -158,18 +149,12 @@ def check_table_pb(pb: common_pb2.StrategyTable, field: str = "table") -> None:
             for k in WINDOW_FIELDS[1:]:
                 check_number(getattr(w, k), f"{f}.windows[{j}].{k}", hi=1e30)
         check_number(b.allowance, f"{f}.allowance", lo=-1e12, hi=1e12)
-    if pb.HasField("demote"):
-        d = pb.demote
-        check_counter(d.samples, f"{field}.demote.samples", at_least=1, at_most=10**9)
-        for name in ("z", "margin", "cv_floor", "stall_cap"):  # the tuner's config bounds them further
-            check_number(getattr(d, name), f"{field}.demote.{name}", lo=-1e6, allow_inf=True)
     if pb.HasField("selector"):
         check_counter(pb.selector.window, f"{field}.selector.window", at_least=2, at_most=1 << 20)
         check_counter(pb.selector.min_samples, f"{field}.selector.min_samples", at_least=2, at_most=1 << 20)
         check_number(pb.selector.z, f"{field}.selector.z", hi=1e6)
     if pb.HasField("ledger"):
         check_number(pb.ledger.budget, f"{field}.ledger.budget", hi=1.0, lo_open=True)
-        check_number(pb.ledger.cap, f"{field}.ledger.cap", allow_inf=True)
 
 
 __all__ = ["check_table_pb", "table_from_pb", "table_to_pb"]

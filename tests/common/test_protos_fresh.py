@@ -123,7 +123,6 @@ def test_messages_round_trip_and_pickle():
 
     table = common_pb2.StrategyTable(
         version=3,
-        epsilon=0.1,
         bucket_edges=[1, 8, 32],
         arms=[
             common_pb2.Arm(name="off", drafter=common_pb2.DRAFTER_OFF),

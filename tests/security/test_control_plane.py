@@ -108,7 +108,6 @@ def _bad_field_attacks(t: dict[str, list[str]]) -> list[tuple[dict, str]]:
     good_grant = {"grant_id": "77", "worker_id": "0", "deadline": _ts(now + 60)}
     table = {
         "version": 10**6,
-        "epsilon": 0.1,
         "arms": [{"name": "off", "drafter": "DRAFTER_OFF"}],
         "buckets": [{"bucket": 0, "lo": 1, "best": "nope"}],
     }
@@ -172,7 +171,16 @@ def _bad_field_attacks(t: dict[str, list[str]]) -> list[tuple[dict, str]]:
         ),  # fmt: skip
         (c(ROLLOUT, "SetStrategyTable", rollout, {"table": table}), "INVALID_ARGUMENT"),
         (
-            c(ROLLOUT, "SetStrategyTable", rollout, {"table": dict(table, epsilon="Infinity")}),
+            c(
+                ROLLOUT,
+                "SetStrategyTable",
+                rollout,
+                {
+                    "table": dict(
+                        table, buckets=[dict(table["buckets"][0], best="off")], ledger={"budget": "Infinity"}
+                    )
+                },
+            ),
             "INVALID_ARGUMENT",
         ),
     ]

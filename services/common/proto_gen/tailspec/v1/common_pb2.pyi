@@ -202,7 +202,7 @@ class Arm(_message.Message):
     def __init__(self, name: _Optional[str] = ..., drafter: _Optional[_Union[Drafter, str]] = ..., max_draft_tokens: _Optional[int] = ..., tree_width: _Optional[int] = ..., tree_depth: _Optional[int] = ...) -> None: ...
 
 class StrategyBucket(_message.Message):
-    __slots__ = ("bucket", "lo", "hi", "best", "explore", "probe", "guarded", "explore_p", "off_estimate", "free", "windows", "allowance")
+    __slots__ = ("bucket", "lo", "hi", "best", "explore", "probe", "guarded", "windows", "allowance")
     BUCKET_FIELD_NUMBER: _ClassVar[int]
     LO_FIELD_NUMBER: _ClassVar[int]
     HI_FIELD_NUMBER: _ClassVar[int]
@@ -210,9 +210,6 @@ class StrategyBucket(_message.Message):
     EXPLORE_FIELD_NUMBER: _ClassVar[int]
     PROBE_FIELD_NUMBER: _ClassVar[int]
     GUARDED_FIELD_NUMBER: _ClassVar[int]
-    EXPLORE_P_FIELD_NUMBER: _ClassVar[int]
-    OFF_ESTIMATE_FIELD_NUMBER: _ClassVar[int]
-    FREE_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     ALLOWANCE_FIELD_NUMBER: _ClassVar[int]
     bucket: int
@@ -222,12 +219,9 @@ class StrategyBucket(_message.Message):
     explore: _containers.RepeatedScalarFieldContainer[str]
     probe: _containers.RepeatedScalarFieldContainer[str]
     guarded: _containers.RepeatedScalarFieldContainer[str]
-    explore_p: _containers.RepeatedScalarFieldContainer[float]
-    off_estimate: float
-    free: _containers.RepeatedScalarFieldContainer[str]
     windows: _containers.RepeatedCompositeFieldContainer[ArmWindow]
     allowance: float
-    def __init__(self, bucket: _Optional[int] = ..., lo: _Optional[int] = ..., hi: _Optional[int] = ..., best: _Optional[str] = ..., explore: _Optional[_Iterable[str]] = ..., probe: _Optional[_Iterable[str]] = ..., guarded: _Optional[_Iterable[str]] = ..., explore_p: _Optional[_Iterable[float]] = ..., off_estimate: _Optional[float] = ..., free: _Optional[_Iterable[str]] = ..., windows: _Optional[_Iterable[_Union[ArmWindow, _Mapping]]] = ..., allowance: _Optional[float] = ...) -> None: ...
+    def __init__(self, bucket: _Optional[int] = ..., lo: _Optional[int] = ..., hi: _Optional[int] = ..., best: _Optional[str] = ..., explore: _Optional[_Iterable[str]] = ..., probe: _Optional[_Iterable[str]] = ..., guarded: _Optional[_Iterable[str]] = ..., windows: _Optional[_Iterable[_Union[ArmWindow, _Mapping]]] = ..., allowance: _Optional[float] = ...) -> None: ...
 
 class ArmWindow(_message.Message):
     __slots__ = ("arm", "n", "tokens", "seconds", "tokens_sq", "tokens_seconds", "seconds_sq")
@@ -257,51 +251,31 @@ class SelectorSettings(_message.Message):
     z: float
     def __init__(self, window: _Optional[int] = ..., min_samples: _Optional[int] = ..., z: _Optional[float] = ...) -> None: ...
 
-class DemoteSettings(_message.Message):
-    __slots__ = ("samples", "z", "margin", "cv_floor", "stall_cap")
-    SAMPLES_FIELD_NUMBER: _ClassVar[int]
-    Z_FIELD_NUMBER: _ClassVar[int]
-    MARGIN_FIELD_NUMBER: _ClassVar[int]
-    CV_FLOOR_FIELD_NUMBER: _ClassVar[int]
-    STALL_CAP_FIELD_NUMBER: _ClassVar[int]
-    samples: int
-    z: float
-    margin: float
-    cv_floor: float
-    stall_cap: float
-    def __init__(self, samples: _Optional[int] = ..., z: _Optional[float] = ..., margin: _Optional[float] = ..., cv_floor: _Optional[float] = ..., stall_cap: _Optional[float] = ...) -> None: ...
-
 class LedgerSettings(_message.Message):
-    __slots__ = ("budget", "cap")
+    __slots__ = ("budget",)
     BUDGET_FIELD_NUMBER: _ClassVar[int]
-    CAP_FIELD_NUMBER: _ClassVar[int]
     budget: float
-    cap: float
-    def __init__(self, budget: _Optional[float] = ..., cap: _Optional[float] = ...) -> None: ...
+    def __init__(self, budget: _Optional[float] = ...) -> None: ...
 
 class StrategyTable(_message.Message):
-    __slots__ = ("version", "epsilon", "bucket_edges", "arms", "buckets", "drafter_version", "created_at", "demote", "ledger", "selector")
+    __slots__ = ("version", "bucket_edges", "arms", "buckets", "drafter_version", "created_at", "ledger", "selector")
     VERSION_FIELD_NUMBER: _ClassVar[int]
-    EPSILON_FIELD_NUMBER: _ClassVar[int]
     BUCKET_EDGES_FIELD_NUMBER: _ClassVar[int]
     ARMS_FIELD_NUMBER: _ClassVar[int]
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_VERSION_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
-    DEMOTE_FIELD_NUMBER: _ClassVar[int]
     LEDGER_FIELD_NUMBER: _ClassVar[int]
     SELECTOR_FIELD_NUMBER: _ClassVar[int]
     version: int
-    epsilon: float
     bucket_edges: _containers.RepeatedScalarFieldContainer[int]
     arms: _containers.RepeatedCompositeFieldContainer[Arm]
     buckets: _containers.RepeatedCompositeFieldContainer[StrategyBucket]
     drafter_version: int
     created_at: _timestamp_pb2.Timestamp
-    demote: DemoteSettings
     ledger: LedgerSettings
     selector: SelectorSettings
-    def __init__(self, version: _Optional[int] = ..., epsilon: _Optional[float] = ..., bucket_edges: _Optional[_Iterable[int]] = ..., arms: _Optional[_Iterable[_Union[Arm, _Mapping]]] = ..., buckets: _Optional[_Iterable[_Union[StrategyBucket, _Mapping]]] = ..., drafter_version: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., demote: _Optional[_Union[DemoteSettings, _Mapping]] = ..., ledger: _Optional[_Union[LedgerSettings, _Mapping]] = ..., selector: _Optional[_Union[SelectorSettings, _Mapping]] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., bucket_edges: _Optional[_Iterable[int]] = ..., arms: _Optional[_Iterable[_Union[Arm, _Mapping]]] = ..., buckets: _Optional[_Iterable[_Union[StrategyBucket, _Mapping]]] = ..., drafter_version: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ledger: _Optional[_Union[LedgerSettings, _Mapping]] = ..., selector: _Optional[_Union[SelectorSettings, _Mapping]] = ...) -> None: ...
 
 class ServiceInfo(_message.Message):
     __slots__ = ("service", "instance_id", "address", "version", "started_at", "uptime_seconds", "message")
