@@ -173,9 +173,7 @@ class KVCache:
         self.lengths = torch.zeros(num_slots, dtype=torch.long, device=device)
         self.max_len = max_len
         self.num_slots = num_slots
-        self._scratch: torch.Tensor | None = (
-            None  # ``read``'s gather buffer (CPU): [2, slots * kv * max_len * D]
-        )
+        self._scratch: torch.Tensor | None = None  # ``read``'s CPU gather buffer: [2, slots * kv * len * D]
 
     def read(self, layer: int, rows: slice | torch.Tensor, keys: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of ``layer`` at positions ``0 .. keys - 1`` of ``rows`` (a slice of slots: a view; a ``[B]`` long

@@ -9,10 +9,11 @@ it). Per bucket and arm:
   ``min_samples`` steps (``estimate_from_sums``);
 - ``a`` is reliably faster than ``b`` when ``R_a - R_b > z * hypot(se_a, se_b)`` (``faster``);
 - the row (``table()``): ``best`` is off unless an arm is reliably faster than off (then the fastest such
-  arm; a bucket without drafting evidence plays the nearest such bucket's best); ``guarded``: arms reliably slower than off, the k-th ban lasting ``ban_steps * 2 ** (k - 1)`` bucket
-  steps; ``probe``: arms without an estimate; ``explore``: the others; ``allowance``: the regret budget left,
-  ``regret_budget * time - spent`` seconds, where ``time`` is the bucket's decode seconds and ``spent``
-  exploration's extra seconds over the best, ``sum(max(0, seconds - tokens / R_best))``.
+  arm; a bucket without drafting evidence plays the nearest such bucket's best); ``guarded``: arms reliably
+  slower than off, the k-th ban lasting ``ban_steps * 2 ** (k - 1)`` bucket steps; ``probe``: arms without an
+  estimate; ``explore``: the others; ``allowance``: the regret budget left, ``regret_budget * time - spent``
+  seconds, where ``time`` is the bucket's decode seconds and ``spent`` exploration's extra seconds over the
+  best, ``sum(max(0, seconds - tokens / R_best))``.
 
 docs/tuner.md gives the reasons.
 """
@@ -203,7 +204,8 @@ class BucketedBandit:
                 self.dropped += 1
                 continue
             if i not in rates:
-                est = bucket.arms[self._row(i)["best"]].window.estimate(self.cfg.min_samples)
+                best = self._row(i, self._drafting(i))["best"]
+                est = bucket.arms[best].window.estimate(self.cfg.min_samples)
                 rates[i] = est[0] if est else None
             steps, taken = max(1, int(ob.get("steps") or 1)), taken + 1
             tokens, seconds = float(ob["committed_tokens"]), float(ob["seconds"])
@@ -245,14 +247,14 @@ class BucketedBandit:
             if n != OFF.name
         )
 
-    def _row(self, i: int, borrowed: str | None = None) -> dict[str, Any]:
-        """Bucket ``i``'s table row; ``borrowed``: the best of the nearest bucket with drafting evidence, played
-        while this one has none (``table``)."""
+    def _row(self, i: int, drafting: bool, borrowed: str | None = None) -> dict[str, Any]:
+        """Bucket ``i``'s table row; ``drafting``: ``_drafting(i)``; ``borrowed``: the best of the nearest bucket
+        with drafting evidence, played while this one has none (``table``)."""
         cfg, bucket = self.cfg, self._buckets[i]
         ests = {
             n: st.window.estimate(cfg.min_samples) for n, st in bucket.arms.items() if st.banned_until < 0
         }
-        off, best, drafting = ests.get(OFF.name), OFF.name, self._drafting(i)
+        off, best = ests.get(OFF.name), OFF.name
         if off is not None and drafting:
             quicker = [(e[0], n) for n, e in ests.items() if e is not None and faster(e, off, cfg.z)]
             best = max(quicker)[1] if quicker else OFF.name
@@ -282,12 +284,13 @@ class BucketedBandit:
         (seconds); the arms, ``regret_budget``, and the ``window``, ``min_samples`` and ``z`` of the
         estimates."""
         self.version += 1
-        cfg, rows = self.cfg, [self._row(i) for i in range(len(self.edges))]
+        cfg, drafting = self.cfg, [self._drafting(i) for i in range(len(self.edges))]
+        rows = [self._row(i, d) for i, d in enumerate(drafting)]
         # a bucket without drafting evidence plays the best of the nearest bucket that has some: off's evidence
         # alone cannot say whether drafting pays, and some batch sizes get few steps per rollout
-        known = [i for i in range(len(rows)) if self._drafting(i)]
-        for i in (i for i in range(len(rows)) if known and i not in known):
-            rows[i] = self._row(i, rows[min(known, key=lambda j: (abs(j - i), j))]["best"])
+        known = [i for i, d in enumerate(drafting) if d]
+        for i in (i for i, d in enumerate(drafting) if known and not d):
+            rows[i] = self._row(i, False, rows[min(known, key=lambda j: (abs(j - i), j))]["best"])
         arms = {a.name: a.to_dict() for a in self.arms}
         return dict(version=self.version, bucket_edges=list(self.edges), arms=arms, buckets=rows) | dict(
             regret_budget=cfg.regret_budget, window=cfg.window, min_samples=cfg.min_samples, z=cfg.z
@@ -301,7 +304,8 @@ class BucketedBandit:
         out, frac = [], lambda a, b: a / b if b else 0.0
         for i, bucket in enumerate(self._buckets):
             arms = {n: st.stats() for n, st in bucket.arms.items()}
-            explored, steps, row = sum(a["explored"] for a in arms.values()), bucket.steps, self._row(i)
+            explored, steps = sum(a["explored"] for a in arms.values()), bucket.steps
+            row = self._row(i, self._drafting(i))  # the bucket's own judgement (``table`` may borrow a best)
             out.append(
                 {k: row[k] for k in ("bucket", "lo", "hi", "best")} | {"arms": arms, "explored": explored}
             )
