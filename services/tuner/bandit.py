@@ -191,10 +191,11 @@ class BucketedBandit:
     def merge(self, observations: Iterable[Mapping[str, Any]]) -> int:
         """Fold actors' observation dicts (``StrategySelector.drain_observations``: ``batch_size``, ``arm``,
         ``committed_tokens``, ``seconds``, optional ``steps`` and ``explored``) in, then judge the buckets they
-        touched. An explored step's extra seconds over the bucket's best (as the table stood before this merge)
-        are charged to its regret budget; an untimed record counts its arm's mean step seconds in the bucket's
-        time. Returns how many were taken (unknown arms are dropped and counted in ``dropped``)."""
-        rates: dict[int, float | None] = {}  # bucket -> the best's throughput before this merge
+        touched. An explored step's extra seconds over the bucket's own best (as it stood before this merge; off
+        while the bucket plays a borrowed best, which has no estimate there) are charged to its regret budget; an
+        untimed record counts its arm's mean step seconds in the bucket's time. Returns how many were taken
+        (unknown arms are dropped and counted in ``dropped``)."""
+        rates: dict[int, float | None] = {}  # bucket -> its own best's throughput before this merge
         taken = 0
         for ob in observations:
             i = self.bucket_of(int(ob["batch_size"]))
@@ -204,7 +205,7 @@ class BucketedBandit:
                 self.dropped += 1
                 continue
             if i not in rates:
-                best = self._row(i, self._drafting(i))["best"]
+                best = self._row(i, self._drafting(i))["best"]  # a borrowed best has no estimate here
                 est = bucket.arms[best].window.estimate(self.cfg.min_samples)
                 rates[i] = est[0] if est else None
             steps, taken = max(1, int(ob.get("steps") or 1)), taken + 1
@@ -276,6 +277,17 @@ class BucketedBandit:
             "allowance": cfg.regret_budget * bucket.time - bucket.spent,  # seconds
         }
 
+    def _rows(self) -> list[dict[str, Any]]:
+        """Every bucket's row as ``table()`` publishes it."""
+        drafting = [self._drafting(i) for i in range(len(self.edges))]
+        rows = [self._row(i, d) for i, d in enumerate(drafting)]
+        # a bucket without drafting evidence plays the best of the nearest bucket that has some: off's evidence
+        # alone cannot say whether drafting pays, and some batch sizes get few steps per rollout
+        known = [i for i, d in enumerate(drafting) if d]
+        for i in (i for i, d in enumerate(drafting) if known and not d):
+            rows[i] = self._row(i, False, rows[min(known, key=lambda j: (abs(j - i), j))]["best"])
+        return rows
+
     def table(self) -> dict[str, Any]:
         """The strategy table the rollout actors play (JSON-serializable; a new ``version`` each call): per
         bucket ``lo``, ``hi`` (None: open-ended), ``best`` (a bucket without drafting evidence: the nearest such
@@ -284,28 +296,24 @@ class BucketedBandit:
         (seconds); the arms, ``regret_budget``, and the ``window``, ``min_samples`` and ``z`` of the
         estimates."""
         self.version += 1
-        cfg, drafting = self.cfg, [self._drafting(i) for i in range(len(self.edges))]
-        rows = [self._row(i, d) for i, d in enumerate(drafting)]
-        # a bucket without drafting evidence plays the best of the nearest bucket that has some: off's evidence
-        # alone cannot say whether drafting pays, and some batch sizes get few steps per rollout
-        known = [i for i, d in enumerate(drafting) if d]
-        for i in (i for i, d in enumerate(drafting) if known and not d):
-            rows[i] = self._row(i, False, rows[min(known, key=lambda j: (abs(j - i), j))]["best"])
-        arms = {a.name: a.to_dict() for a in self.arms}
-        return dict(version=self.version, bucket_edges=list(self.edges), arms=arms, buckets=rows) | dict(
+        cfg, arms = self.cfg, {a.name: a.to_dict() for a in self.arms}
+        settings = dict(
             regret_budget=cfg.regret_budget, window=cfg.window, min_samples=cfg.min_samples, z=cfg.z
+        )
+        return (
+            dict(version=self.version, bucket_edges=list(self.edges), arms=arms, buckets=self._rows())
+            | settings
         )
 
     def stats(self) -> dict[str, Any]:
-        """Per bucket (``bucket``, ``lo``, ``hi``, ``best``): ``observations`` and ``chosen`` (steps),
-        ``explored``, ``exploration_fraction``, and per arm ``n`` (window), ``total`` (steps), ``ratio``
-        (throughput, tokens/s), ``median`` (of the window's per-step rewards), ``explored``, ``guarded``,
-        ``strikes``; overall ``exploration_fraction`` and ``dropped``."""
+        """Per bucket (``bucket``, ``lo``, ``hi``, ``best``: the arm ``table()`` plays there): ``observations``
+        and ``chosen`` (steps), ``explored``, ``exploration_fraction``, and per arm ``n`` (window), ``total``
+        (steps), ``ratio`` (throughput, tokens/s), ``median`` (of the window's per-step rewards), ``explored``,
+        ``guarded``, ``strikes``; overall ``exploration_fraction`` and ``dropped``."""
         out, frac = [], lambda a, b: a / b if b else 0.0
-        for i, bucket in enumerate(self._buckets):
+        for bucket, row in zip(self._buckets, self._rows()):
             arms = {n: st.stats() for n, st in bucket.arms.items()}
             explored, steps = sum(a["explored"] for a in arms.values()), bucket.steps
-            row = self._row(i, self._drafting(i))  # the bucket's own judgement (``table`` may borrow a best)
             out.append(
                 {k: row[k] for k in ("bucket", "lo", "hi", "best")} | {"arms": arms, "explored": explored}
             )

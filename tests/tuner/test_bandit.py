@@ -66,6 +66,7 @@ def test_off_is_best_until_an_arm_is_reliably_faster_and_untried_arms_are_probed
     feed(bandit, OFF, 4, 64, 0.010, b=64)
     r64 = row(bandit, 64)
     assert r64["best"] == FAST.name and "off" not in r64["probe"] and FAST.name not in r64["probe"]
+    assert bandit.stats()["buckets"][bandit.bucket_of(64)]["best"] == FAST.name  # the best it plays
     feed(bandit, FAST, 4, 32, 0.010, b=64)  # half off's throughput at batch 64
     r64 = row(bandit, 64)
     assert r64["best"] == "off" and FAST.name in r64["guarded"]  # buckets are judged independently

@@ -73,7 +73,7 @@ class GetStrategyTableResponse(_message.Message):
     def __init__(self, table: _Optional[_Union[_common_pb2.StrategyTable, _Mapping]] = ..., unchanged: _Optional[bool] = ...) -> None: ...
 
 class ArmStats(_message.Message):
-    __slots__ = ("arm", "window", "total", "median", "ratio", "chosen", "explored", "guarded", "strikes", "probation")
+    __slots__ = ("arm", "window", "total", "median", "ratio", "chosen", "explored", "guarded", "strikes")
     ARM_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
@@ -83,7 +83,6 @@ class ArmStats(_message.Message):
     EXPLORED_FIELD_NUMBER: _ClassVar[int]
     GUARDED_FIELD_NUMBER: _ClassVar[int]
     STRIKES_FIELD_NUMBER: _ClassVar[int]
-    PROBATION_FIELD_NUMBER: _ClassVar[int]
     arm: str
     window: int
     total: int
@@ -93,8 +92,7 @@ class ArmStats(_message.Message):
     explored: int
     guarded: bool
     strikes: int
-    probation: int
-    def __init__(self, arm: _Optional[str] = ..., window: _Optional[int] = ..., total: _Optional[int] = ..., median: _Optional[float] = ..., ratio: _Optional[float] = ..., chosen: _Optional[int] = ..., explored: _Optional[int] = ..., guarded: _Optional[bool] = ..., strikes: _Optional[int] = ..., probation: _Optional[int] = ...) -> None: ...
+    def __init__(self, arm: _Optional[str] = ..., window: _Optional[int] = ..., total: _Optional[int] = ..., median: _Optional[float] = ..., ratio: _Optional[float] = ..., chosen: _Optional[int] = ..., explored: _Optional[int] = ..., guarded: _Optional[bool] = ..., strikes: _Optional[int] = ...) -> None: ...
 
 class BucketStats(_message.Message):
     __slots__ = ("bucket", "lo", "hi", "observations", "best", "chosen", "explored", "exploration_fraction", "arms")
