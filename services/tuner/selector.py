@@ -5,13 +5,15 @@ decode step, in the active batch size's bucket of its copy of the central table 
 first candidate (a ``probe`` arm, rotated by the seed; else a longer chain of the best's drafter without its
 own estimate, shortest first; else the ``explore`` arm with the highest ``R + z * se``) when the bucket's
 *regret budget* pays for it, or a candidate whose expected extra time is nil (``_pick``); else the bucket's
-*best*: the table's rule re-judged on estimates that continue the table's windows with this selector's own
-steps, counterfactual records of the played arm's ``prefix_chains`` included (``_counterfactual``). Draft
-lengths are capped by the length-aware budgets (``budgets.py``). *Lease*: when the best is off and nothing
-may be explored, the engine plays the bucket's next steps plain without asking (``Lease``; every
-``sample_every``-th timed). *Seconds* (``clock``): ``"thread"``: the decoding thread's CPU time from
-``choose`` to ``observe``; ``"engine"``: the engine's wall time (needed on CUDA); ``"auto"``: thread without
-CUDA, else engine. A step that captured a CUDA graph is counted, not timed. docs/tuner.md gives the reasons.
+*best*: the table's, re-judged on estimates that continue the table's windows with this selector's own steps
+(counterfactual records of the played arm's ``prefix_chains`` included, ``_counterfactual``): the table's best
+while it stays reliably faster than off, unless another arm is reliably faster than it (switching on a point
+estimate chases noise); else the fastest arm reliably faster than off, else off. Draft lengths are capped by
+the length-aware budgets (``budgets.py``). *Lease*: when the best is off and nothing may be explored, the
+engine plays the bucket's next steps plain without asking (``Lease``; every ``sample_every``-th timed).
+*Seconds* (``clock``): ``"thread"``: the decoding thread's CPU time from ``choose`` to ``observe``;
+``"engine"``: the engine's wall time (needed on CUDA); ``"auto"``: thread without CUDA, else engine. A step
+that captured a CUDA graph is counted, not timed. docs/tuner.md gives the reasons.
 """
 
 from __future__ import annotations
@@ -140,6 +142,8 @@ class StrategySelector:
         off = ests.get(OFF.name)
         if off is not None and len(contenders) > 1:
             quicker = [(ests[n][0], n) for n in contenders if n in ests and faster(ests[n], off, self.z)]
+            if best in {n for _, n in quicker}:  # the table's best stays unless an arm is reliably faster
+                quicker = [(r, n) for r, n in quicker if faster(ests[n], ests[best], self.z)] or [(0.0, best)]
             best = max(quicker)[1] if quicker else OFF.name
         probe = [n for n in row["probe"] if n not in ests]
         k = self.seed % len(probe) if probe else 0

@@ -324,3 +324,33 @@ def test_an_arm_as_fast_as_the_best_is_explored_while_an_untried_arm_waits_for_i
     eng = SimEngine(StrategySelector(bandit.table(), clock="engine"), now, seed=2)
     first = eng.run([16] * 100)
     assert sum(s.arm == X for s in first) >= 0.8 * len(first), [s.arm for s in first[:20]]
+
+
+def test_the_tables_best_is_kept_until_another_arm_is_reliably_faster_than_it():
+    # the table: off 100 tokens/s, X 200 (its best), Y untried; steps' seconds vary +-20%
+    bandit = BucketedBandit(ARMS, BanditConfig(min_samples=4, regret_budget=0.05))
+    for k in range(16):
+        jitter = 1.2 if k % 2 else 0.8
+        bandit.observe(1, "off", 1, 0.010 * jitter)
+        bandit.observe(1, X, 2, 0.010 * jitter)
+    table = bandit.table()
+    assert table["buckets"][0]["best"] == X and table["buckets"][0]["probe"] == [Y]
+    sel, n = StrategySelector(table, clock="engine"), {}
+
+    def step(tokens_of_y):
+        s = sel.choose(_requests(1))[0]
+        k = s.max_draft_tokens  # X drafts 4 tokens, Y 3, off 0
+        n[k] = n.get(k, 0) + 1
+        tokens, jitter = {4: 2, 3: tokens_of_y}.get(k, 1), 1.2 if n[k] % 2 else 0.8
+        sel.observe(StepObservation(1, s.name, tokens, s.max_draft_tokens, 1, 0.010 * jitter))
+        ob = sel.drain_observations()[-1]
+        return ob["arm"], ob["explored"]
+
+    assert step(2.2) == (X, False)  # the best first: exploration is priced against its step
+    # Y (its own estimate ~220 tokens/s against X's 200, +-20% per step) is above X but not reliably: X stays
+    # the best (Y is played as an exploration of nil expected extra time)
+    steps = [step(2.2) for _ in range(40)]
+    assert (Y, True) in steps and (Y, False) not in steps, steps
+    # Y now commits twice X's tokens: reliably faster within a few steps, it becomes the best
+    steps = [step(4.0) for _ in range(40)][10:]
+    assert {a for a, explored in steps if not explored} == {Y}, steps
