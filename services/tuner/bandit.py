@@ -296,13 +296,10 @@ class BucketedBandit:
         (seconds); the arms, ``regret_budget``, and the ``window``, ``min_samples`` and ``z`` of the
         estimates."""
         self.version += 1
-        cfg, arms = self.cfg, {a.name: a.to_dict() for a in self.arms}
-        settings = dict(
+        cfg, rows = self.cfg, self._rows()
+        arms = {a.name: a.to_dict() for a in self.arms}
+        return dict(version=self.version, bucket_edges=list(self.edges), arms=arms, buckets=rows) | dict(
             regret_budget=cfg.regret_budget, window=cfg.window, min_samples=cfg.min_samples, z=cfg.z
-        )
-        return (
-            dict(version=self.version, bucket_edges=list(self.edges), arms=arms, buckets=self._rows())
-            | settings
         )
 
     def stats(self) -> dict[str, Any]:
