@@ -171,7 +171,7 @@ def test_global_source_serves_other_problems_and_request_source_its_own_repeats(
     e = SuffixTreeDrafter()
     ctx = [5, 6, 7, 8, 9, 1, 2, 3, 5, 6, 7]
     (tree,) = e.propose([req("s", "z", ctx)], [8])
-    assert tree.tokens == [8, 9, 1, 2, 3, 5, 6, 7]  # match "5 6 7", its continuation to the budget
+    assert tree.tokens == [8, 9, 1, 2]  # match "5 6 7" (L=3) -> floor(1.0 * 3 + 1.0) = 4 tokens
 
 
 def test_empty_draft_when_nothing_matches():
@@ -183,8 +183,9 @@ def test_empty_draft_when_nothing_matches():
     )
     assert [len(t) for t in trees] == [0, 0, 0]
     assert all(t.score == 0.0 for t in trees)
-    # a single matched token drafts by default (min_match_len=1), not below a minimum of 2
-    assert d.propose([req("u", "p", [5, 1000])], [8])[0].tokens == unique(1001, 8)
+    # a single matched token drafts by default (min_match_len=1: floor(1.0 * 1 + 1.0) = 2 tokens), not below a
+    # minimum of 2
+    assert d.propose([req("u", "p", [5, 1000])], [8])[0].tokens == [1001, 1002]
     e = SuffixTreeDrafter(min_match_len=2)
     e.finish_request("x", "p", unique(1000, 30))
     assert len(e.propose([req("u", "p", [5, 1000])], [8])[0]) == 0
@@ -249,7 +250,7 @@ def test_sibling_finishing_mid_request_extends_the_match():
     d.start_request("r", "p", x)
     d.observe("r", [1, 2])
     (tree,) = d.propose([req("r", "p", x + [1, 2], 10)], [8])
-    assert tree.tokens == [70, 71, 72, 73]  # match "1 2": the sibling's continuation (it ends there)
+    assert tree.tokens == [70, 71, 72]  # match "1 2": 3 tokens
     d.finish_request("s2", "p", x + [1, 2, 3] + unique(80, 10))
     d.observe("r", [3])
     (tree,) = d.propose([req("r", "p", x + [1, 2, 3], 10)], [8])
@@ -286,7 +287,7 @@ def test_longer_match_is_more_specific_than_the_shared_middle():
     ],
 )
 def test_draft_length_is_min_budget_alpha_match_beta(alpha, beta, budget, match, expected):
-    d = SuffixTreeDrafter(max_depth=64, alpha=alpha, beta=beta, min_match_len=2, chain_to_budget=False)
+    d = SuffixTreeDrafter(max_depth=64, alpha=alpha, beta=beta, min_match_len=2)
     resp = unique(1000, 100)
     d.finish_request("x", "p", resp)
     ctx = [7] + resp[:match]  # 7 never occurs: the longest match is exactly `match`
@@ -405,26 +406,19 @@ def test_drafts_are_well_formed_continuations_that_occur_in_history(
 
 
 @FAST
-@given(
-    st.lists(st.tuples(st.sampled_from("pq"), st.lists(st.integers(0, 3), max_size=30)), max_size=6),
-    st.lists(st.integers(0, 3), max_size=20),
-    st.integers(1, 24),
-    st.sampled_from([0.0, 0.3]),
-)
-def test_a_chain_to_its_budget_extends_the_size_rule_draft_along_its_path(history, ctx, budget, min_p):
-    drafters = [
-        SuffixTreeDrafter(max_depth=10, min_token_prob=min_p, chain_to_budget=c) for c in (False, True)
-    ]
-    for d in drafters:
-        for i, (pid, s) in enumerate(history):
-            d.finish_request(f"h{i}", pid, s)
-    short, full = (d.propose([req("r", "p", ctx)], [budget])[0] for d in drafters)
-    assert full.tokens[: len(short)] == short.tokens and len(full) <= budget
-    assert full.score >= short.score
-    assert len(full) == len(short) or len(full) > len(short) > 0  # nothing is drafted from no candidate
-    # trees keep their size-rule size
-    trees = [d.propose([req("r", "p", ctx)], [budget], width=2)[0] for d in drafters]
-    assert trees[0].tokens == trees[1].tokens and trees[0].parents == trees[1].parents
+@given(history_st, st.lists(st.integers(0, 5), max_size=20), st.integers(1, 24), st.sampled_from([0.0, 0.3]))
+def test_a_chains_continuation_stays_within_its_budget_and_continues_the_draft(history, ctx, budget, min_p):
+    d = SuffixTreeDrafter(max_depth=10, min_token_prob=min_p)
+    for i, (pid, s) in enumerate(history):
+        d.finish_request(f"h{i}", pid, s)
+    (tree,) = d.propose([req("r", "p", ctx)], [budget])
+    assert len(tree) + len(tree.more) <= budget and (not tree.more or len(tree) > 0)
+    assert d.propose([req("r", "p", ctx)], [budget], width=2)[0].more == []  # trees have none
+    # every token of draft + continuation follows its predecessor somewhere in the indexed sequences
+    full = ctx + tree.tokens + tree.more
+    corpus = [s for _, s in history] + [ctx]
+    for i in range(len(ctx), len(full)):
+        assert any(occurs(full[i - 1 : i + 1], s) for s in corpus), (full, i)
 
 
 @FAST
@@ -577,12 +571,12 @@ def test_one_token_match_drafts():
         return d
 
     ctx = [40, 41, 7]  # only "7" matches
-    (tree,) = build(chain_to_budget=False).propose([req("r", "p", ctx)], [8])  # floor(1.0 * 1 + 1.0) = 2
+    (tree,) = build().propose([req("r", "p", ctx)], [8])  # floor(1.0 * 1 + 1.0) = 2 tokens
     assert tree.tokens == [8, 9] and tree.score == pytest.approx(2.0)
-    assert build(beta=0.0, chain_to_budget=False).propose([req("r", "p", ctx)], [8])[0].tokens == [8]
+    assert tree.more == [10, 11]  # the same path on, within the budget (the sibling ends at 11)
+    assert build().propose([req("r", "p", ctx)], [3])[0].more == [10]
+    assert build(beta=0.0).propose([req("r", "p", ctx)], [8])[0].tokens == [8]
     assert build(min_match_len=2).propose([req("r", "p", ctx)], [8])[0].tokens == []
-    (tree,) = build().propose([req("r", "p", ctx)], [3])  # the winner's chain goes on to the budget
-    assert tree.tokens == [8, 9, 10] and tree.score == pytest.approx(3.0)
 
 
 def test_best_score_over_match_lengths_can_choose_a_shorter_match():
@@ -609,10 +603,7 @@ def test_chain_budget_up_to_and_past_max_depth_is_used():
     assert t8.tokens == resp[40:48] and t16.tokens == resp[40:56]
     # longer than K=16's: a 31-token match (L <= D - 1) allows floor(1.0 * 31 + 1.0) = 32 tokens, re-anchored at D
     assert t32.tokens == resp[40:72] and t32.score == pytest.approx(32.0)
-    assert t48.tokens == resp[40:88]  # the winner's chain goes on past its size (32) to the budget
-    f = SuffixTreeDrafter(global_capacity=0, chain_to_budget=False)
-    f.finish_request("s", "p", resp)
-    assert f.propose([req("r", "p", ctx)], [48])[0].tokens == resp[40:72]
+    assert t48.tokens == resp[40:72]
     assert len(SuffixTreeDrafter(global_capacity=0, beta=40.0).propose([req("r", "p", ctx)], [48])[0]) == 0
     e = SuffixTreeDrafter(global_capacity=0, beta=40.0)
     e.finish_request("s", "p", resp)
@@ -653,7 +644,9 @@ def test_long_sibling_is_indexed_a_bounded_number_of_suffixes_per_propose():
             break
     assert max(works) == budget and works[-1] == 0  # per propose call, over all its requests
     assert sum(works) == 1003 and len(works) == 1003 // budget + 2
-    assert drafts[0] == resp[2:10]  # the beginning is indexed first: a 5-token match, drafted to the budget
+    assert (
+        drafts[0] == resp[2:8]
+    )  # the beginning is indexed first: a 5-token match, floor(1.0 * 5 + 1.0) tokens
     assert d.propose([req("r", "p", ctx + resp[2:400])], [8])[0].tokens == resp[400:408]
     want = eager.propose([req("q", "p", ctx + resp[2:900])], [8])[0]
     got = d.propose([req("q", "p", ctx + resp[2:900])], [8])[0]

@@ -59,9 +59,10 @@ Propose (per request; ``max_tokens[i]`` = budget b)
    (a shorter match with the same count has the same occurrences, so its draft is the longer one's, with a
    smaller size); the search stops at the first length whose size cannot beat the best score so far (sizes
    grow with ``L``), so a perfect long match costs one draft.
-3. Size: each candidate is scored at ``k = min(b, floor(alpha * L + beta))`` draft nodes (``depth > 0`` also
-   caps a chain's length). With ``chain_to_budget`` the winning chain then goes on along its path up to b (as
-   step 4 allows): a verify batch is padded to its longest draft, so most of those positions cost nothing.
+3. Size: ``k = min(b, floor(alpha * L + beta))`` draft nodes (``depth > 0`` also caps a chain's length). A
+   chain's ``DraftTree.more`` is the winner's path on to the budget b (as step 4 allows): the engine appends it
+   where the verify batch pads the row anyway, to the batch's longest draft (free tokens: in trace replay at
+   max batch 8 suffix-k8's tau 5.61 -> 5.93, its makespan -5%).
 4. Draft: ``width == 1``: a chain following the most frequent child (ties: lowest token id); at the trie's
    depth D it re-anchors on the longest suffix (<= D/2 tokens) of context + draft that the trie continues,
    so any budget up to (and past) D is usable. ``width > 1``: best-first tree, the frontier node of highest
@@ -75,13 +76,13 @@ Propose (per request; ``max_tokens[i]`` = budget b)
 
 Defaults, tuned with ``python -m benchmarks.suffix_offline`` (SuffixDecoding's offline protocol on 400 real
 MATH rollouts; ``benchmarks/results/suffix_offline.md``): ``alpha = 1.0, min_token_prob = 0.1`` as
-ArcticInference/vLLM, ``beta = 1.0`` (a 1-token match is a candidate of size 2), ``min_match_len = 1``,
-``chain_to_budget = True`` (K = 16: tau 6.42 -> 6.94 with the siblings in history, 2.38 -> 2.62 cold, for
-1.7x / 3x the drafted tokens; 32k BPE: 5.54 -> 6.01, 1.92 -> 2.06; min_token_prob 0.02-0.3 then moves tau
-< 1%), ``max_depth = 32`` (64 adds < 1.5% to tau), ``window_steps = 4``, ``problem_capacity = 64``,
-``history_capacity = 4096`` and ``global_capacity = 512`` responses (a GRPO rollout or two; the token count
-per response varies 10x), ``index_budget = 256`` suffixes (< 1 ms per ``propose``:
-``python -m benchmarks.suffix_sibling_stall``).
+ArcticInference/vLLM, ``beta = 1.0`` (a 1-token match drafts 2 tokens: cold-problem tau +4% with a 32k BPE,
+reaching 1.92 at K = 16, for ~30% more drafted tokens; alpha 2, beta 2 or both add 2-4.5% more tau for
+22-78% more drafted tokens, accepted/drafted falling from 0.25 to 0.22-0.15), ``min_match_len = 1``,
+``max_depth = 32`` (64 changes tau by < 1%); min_token_prob 0.05-0.2 changes tau by < 0.5%. ``window_steps = 4``,
+``problem_capacity = 64`` responses, ``history_capacity = 4096`` responses, ``global_capacity = 512``
+responses (a GRPO rollout or two; the token count per response varies 10x), ``index_budget = 256`` suffixes
+(< 1 ms of indexing per ``propose``: ``python -m benchmarks.suffix_sibling_stall``).
 
 Cost (``python -m benchmarks.drafter_propose_cost``): ~30 us of CPU per request per ``propose`` with
 ~300-token contexts on a loaded 2-core EPYC; ``observe`` ~4 us per token; indexing ~1-2 us per suffix, and
@@ -114,7 +115,7 @@ _STATE_FORMAT = 1
 # the constructor's arguments, in ``state_dict()["config"]``
 _CONFIG_KEYS = (
     "max_depth window_steps global_capacity alpha beta min_match_len min_token_prob problem_capacity "
-    "history_capacity use_request index_budget chain_to_budget"
+    "history_capacity use_request index_budget"
 ).split()
 _UNKNOWN = 1 << 30  # "no upper bound known" for a match length
 _MAX_REQUESTS = 1 << 16  # running-request states kept (oldest dropped beyond; the engine finishes requests)
@@ -156,8 +157,6 @@ class SuffixTreeDrafter(Drafter):
         history_capacity: most responses kept over all problems (>= 1; the problem visited longest ago goes).
         use_request: draft from the request's own prompt + output.
         index_budget: most suffixes of queued sibling responses one ``propose`` call indexes (>= 1).
-        chain_to_budget: a chain follows the winning candidate's path up to its budget (while the path
-            probability stays >= ``min_token_prob``); False: the winner's size-rule size.
 
     Raises:
         ValueError: on an out-of-range argument.
@@ -178,7 +177,6 @@ class SuffixTreeDrafter(Drafter):
         history_capacity: int = 4096,
         use_request: bool = True,
         index_budget: int = 256,
-        chain_to_budget: bool = True,
     ):
         if max_depth < 2:
             raise ValueError("max_depth must be >= 2")
@@ -202,7 +200,6 @@ class SuffixTreeDrafter(Drafter):
         self._history_size = 0  # responses in the problem tries
         self.use_request = bool(use_request)
         self.index_budget = int(index_budget)
-        self.chain_to_budget = bool(chain_to_budget)
         self.last_index_work = 0  # suffixes of queued siblings the last ``propose`` indexed
         self._step = 0
         self._next_id = 0
@@ -490,12 +487,15 @@ class SuffixTreeDrafter(Drafter):
                     L, pos = _shorter(trie.root, act, ctx, n, need, L, node.n)
                     if pos is None:
                         break
-            if width == 1 and best is not None and len(best) < size_budget and self.chain_to_budget:
-                best, best_score = _chain(won[0], won[1], won[2], size_budget, min_p, won[3], d_max, ctx, lo)
             if best is None:
                 out.append(DraftTree())
             elif width == 1:
                 out.append(DraftTree.chain(best, None, best_score))
+                if (
+                    len(best) < size_budget
+                ):  # the winner's path on to the budget: padding fill (``DraftTree.more``)
+                    full = _chain(won[0], won[1], won[2], size_budget, min_p, won[3], d_max, ctx, lo)[0]
+                    out[-1].more = full[len(best) :]
             else:
                 out.append(best)
         return out
