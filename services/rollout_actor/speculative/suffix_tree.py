@@ -491,9 +491,8 @@ class SuffixTreeDrafter(Drafter):
                 out.append(DraftTree())
             elif width == 1:
                 out.append(DraftTree.chain(best, None, best_score))
-                if (
-                    len(best) < size_budget
-                ):  # the winner's path on to the budget: padding fill (``DraftTree.more``)
+                # the winner's path on to the budget, to fill the verify batch's padding (``DraftTree.more``)
+                if len(best) < size_budget:
                     full = _chain(won[0], won[1], won[2], size_budget, min_p, won[3], d_max, ctx, lo)[0]
                     out[-1].more = full[len(best) :]
             else:
