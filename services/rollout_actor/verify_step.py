@@ -179,8 +179,7 @@ def propose_drafts(
 ) -> list[DraftTree]:
     """One draft per row (empty for ``off``): each strategy's drafter proposes for its rows at once, each row's
     budget its strategy's ``max_draft_tokens`` capped by its room (``max_new_tokens`` and ``max_seq_len``;
-    ``cache_lengths [slots]``: committed KV lengths); then ``fill_padding``. Raises ``ValueError`` for a drafter
-    the engine lacks."""
+    ``cache_lengths [slots]``: committed KV lengths). Raises ``ValueError`` for a drafter the engine lacks."""
     drafts: list[DraftTree] = [DraftTree() for _ in rows]
     groups: dict[tuple, list[int]] = {}
     lengths: list[int] = []  # committed cache lengths, read from the device once
@@ -202,18 +201,4 @@ def propose_drafts(
             budgets.append(max(0, min(strategies[i].max_draft_tokens, room)))
         for i, tree in zip(idx, drafter.propose([dreqs[i] for i in idx], budgets, width, depth)):
             drafts[i] = tree
-    return fill_padding(drafts)
-
-
-def fill_padding(drafts: list[DraftTree]) -> list[DraftTree]:
-    """Append to each chain its ``DraftTree.more`` tokens up to the batch's longest draft: the verify batch pads
-    every row to that width (``build_verify_batch``), so the forward computes those positions anyway, and an
-    accepted one is a token for free. Changes the drafts in place; returns them."""
-    width = max((len(d) for d in drafts), default=0)
-    for d in drafts:
-        n = min(width - len(d), len(d.more))
-        if n > 0:
-            d.parents += range(len(d) - 1, len(d) + n - 1)
-            d.tokens += d.more[:n]
-            d.more = d.more[n:]
     return drafts

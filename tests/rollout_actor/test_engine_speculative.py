@@ -281,57 +281,6 @@ def test_sampled_drafts_keep_the_sequential_rule():
     assert sum(a.token_ids != b.token_ids for a, b in zip(spec, plain)) >= 8
 
 
-class OracleDrafter(Drafter):
-    """Drafts the greedy continuation (``answers``: request id -> plain output): request ``short`` gets a
-    1-token chain with the rest of its budget in ``DraftTree.more``, every other request its whole budget."""
-
-    name = "oracle"
-
-    def __init__(self, answers: dict[str, list[int]]):
-        self.answers = answers
-
-    def propose(self, requests, max_tokens, width=1, depth=0):
-        out = []
-        for r, k in zip(requests, max_tokens):
-            done = len(r.token_ids) - r.num_prompt_tokens
-            full = self.answers[r.request_id][done : done + k]
-            tree = DraftTree.chain(full[:1] if r.request_id == "short" else full)
-            tree.more = full[1:] if r.request_id == "short" else []
-            out.append(tree)
-        return out
-
-
-def test_a_chains_continuation_fills_the_padding_of_the_verify_batch():
-    # two requests verified together: "long" drafts its 6-token budget, "short" one token plus 5 in `more`. The
-    # verify batch pads "short" to 6 tokens anyway, so they are filled from `more` and accepted (greedy oracle);
-    # alone (batch 1, no padding) "short" verifies its one token per step
-    m = init_weights(Transformer(tiny_config(vocab_size=16)), seed=0, std=0.5).eval()
-    params = SamplingParams(0.0, max_new_tokens=30)
-    reqs = [GenerationRequest(n, [3, 4, 5], params) for n in ("short", "long")]
-    plain = Engine(m, max_batch_size=2, max_seq_len=128, eos_token_ids=[]).generate(reqs)
-    answers = {o.request_id: o.token_ids for o in plain}
-
-    def run(batch):
-        eng = Engine(
-            m,
-            max_batch_size=batch,
-            max_seq_len=128,
-            eos_token_ids=[],
-            drafters={"oracle": OracleDrafter(answers)},
-            selector=FixedStrategy(Strategy("oracle", 6)),
-        )
-        return {o.request_id: o for o in eng.generate(reqs)}
-
-    together, alone = run(2), run(1)
-    for outs in (together, alone):
-        assert {n: o.token_ids for n, o in outs.items()} == answers
-    # 30 tokens = 1 from the prefill + 4 verify steps x (6 + 1) + 1 plain step (no room left to draft)
-    assert together["short"].spec.verify_steps == together["long"].spec.verify_steps == 4
-    assert together["short"].spec.accepted == together["long"].spec.accepted == 24
-    # alone: 30 = 1 + 14 x (1 + 1) + 1
-    assert alone["short"].spec.verify_steps == 14 and alone["short"].spec.accepted == 14
-
-
 def test_draft_request_carries_context():
     seen = []
 

@@ -27,9 +27,6 @@ class DraftTree:
     probs:   ``[N, V]`` fp32 draft distribution each node was sampled from, or None (deterministic).
     iid_siblings: siblings were drawn i.i.d. from ``probs`` (only meaningful when probs is set).
     score:   drafter's confidence (e.g. the suffix tree's summed path probability); used by ``hybrid``.
-    more:    a deterministic chain's continuation past its draft, within its budget: tokens the drafter would
-             draft next, which the engine appends where the verify batch pads the row anyway
-             (``verify_step.fill_padding``); empty for trees and sampled drafts.
     """
 
     tokens: list[int] = field(default_factory=list)
@@ -37,7 +34,6 @@ class DraftTree:
     probs: torch.Tensor | None = None
     iid_siblings: bool = False
     score: float = 0.0
-    more: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -19,9 +19,10 @@ Three counted suffix tries (every suffix of every indexed sequence, truncated to
   ``propose`` calls of its requests, at most ``index_budget`` suffixes per ``propose`` call in all (suffix
   starts in order, so a sibling's beginning is served first), and whatever is left by ``flush``: an
   8k-token sibling costs ~20 ms to index, which at once would stall one decode step; bounded, it is spread
-  over ~30 steps of < 1 ms each, and a short sibling is whole at the next ``propose`` (indexing only in the
-  background ``flush`` would hide a rollout's finished siblings from its own long tail, which profits most).
-  ``last_index_work`` is the number of suffixes the last ``propose`` indexed. A response stays
+  over ~30 steps of < 1 ms each, while a short sibling (<= ``index_budget`` tokens) is still whole at the
+  first ``propose`` after it finished. (The alternative, indexing siblings only in the background ``flush``
+  after a rollout, would hide a rollout's finished siblings from its own long tail, the requests that
+  profit most.) ``last_index_work`` is the number of suffixes the last ``propose`` indexed. A response stays
   while it is one of the last ``problem_capacity`` of its problem and was added in one of the problem's last
   ``window_steps`` (W) *visits* (RL steps that added a response to it): a problem that comes back once per
   epoch keeps its earlier epochs' responses (DAS's setting), however many steps an epoch takes. The problem
@@ -33,7 +34,8 @@ Three counted suffix tries (every suffix of every indexed sequence, truncated to
   serves the earlier rollouts' responses.
 
 A stored response is ``prompt[-(D - 1):] + output_ids``: the prompt tail lets a sibling that has generated
-nothing yet draft the group's first tokens. ``add_history`` queues a response without a running request.
+nothing yet draft the group's first tokens. ``add_history`` queues a response without a running request
+(warm start from logged rollouts, offline evaluation: ``benchmarks/suffix_offline.py``).
 
 Trie
 ----
@@ -59,17 +61,15 @@ Propose (per request; ``max_tokens[i]`` = budget b)
    (a shorter match with the same count has the same occurrences, so its draft is the longer one's, with a
    smaller size); the search stops at the first length whose size cannot beat the best score so far (sizes
    grow with ``L``), so a perfect long match costs one draft.
-3. Size: ``k = min(b, floor(alpha * L + beta))`` draft nodes (``depth > 0`` also caps a chain's length). A
-   chain's ``DraftTree.more`` is the winner's path on to the budget b (as step 4 allows): the engine appends it
-   where the verify batch pads the row anyway, to the batch's longest draft (free tokens: in trace replay at
-   max batch 8 suffix-k8's tau 5.61 -> 5.93, its makespan -5%).
+3. Size: ``k = min(b, floor(alpha * L + beta))`` draft nodes (``depth > 0`` also caps a chain's length).
 4. Draft: ``width == 1``: a chain following the most frequent child (ties: lowest token id); at the trie's
    depth D it re-anchors on the longest suffix (<= D/2 tokens) of context + draft that the trie continues,
    so any budget up to (and past) D is usable. ``width > 1``: best-first tree, the frontier node of highest
    path probability next, each node offering its ``width`` most frequent children (siblings in verification
    order, most likely first), at most ``depth`` levels. A node is drafted only while its path probability
    (product of child probabilities below the match) is ``>= min_token_prob``. Score = sum of the drafted
-   nodes' path probabilities (SuffixDecoding's: the expected number of accepted tokens under the counts).
+   nodes' path probabilities (SuffixDecoding's score: the expected number of accepted tokens under the
+   counts).
 5. Merge: the highest-scoring draft wins, ties to the longer match, then to the earlier source of (problem,
    request, global); a source that cannot beat the best so far is skipped. ``DraftTree.score`` is the
    winner's score (``hybrid`` compares it with a threshold).
@@ -84,11 +84,16 @@ reaching 1.92 at K = 16, for ~30% more drafted tokens; alpha 2, beta 2 or both a
 responses (a GRPO rollout or two; the token count per response varies 10x), ``index_budget = 256`` suffixes
 (< 1 ms of indexing per ``propose``: ``python -m benchmarks.suffix_sibling_stall``).
 
-Cost (``python -m benchmarks.drafter_propose_cost``): ~30 us of CPU per request per ``propose`` with
-~300-token contexts on a loaded 2-core EPYC; ``observe`` ~4 us per token; indexing ~1-2 us per suffix, and
-~1.5 trie nodes of ~150 B per token (Python objects: the rollout worker freezes them out of the cyclic GC).
+Cost and memory (``python -m benchmarks.drafter_propose_cost``): ~30 us of CPU per request per ``propose``
+with ~300-token contexts on a loaded 2-core EPYC (1.3x the longest-match-only drafter: the shorter
+candidates and re-anchoring); ``observe`` ~4 us per token; indexing ~1-2 us per suffix. Each indexed token
+costs ~1.5 trie nodes of ~150 B (Python objects, which the cyclic GC also scans; the rollout worker freezes
+them out of the GC during a rollout).
+
 ``state_dict()`` is plain data (every stored response with its step and membership, oldest first, and the
-running requests' tokens); ``load_state_dict`` rebuilds the tries: drafts after a restart equal those before.
+running requests' tokens; it indexes the queues first); ``load_state_dict`` rebuilds the tries, so drafts
+after a restart equal drafts before it.
+
 Tests: ``python -m pytest tests/rollout_actor/test_suffix_tree.py -q``.
 """
 
@@ -474,7 +479,7 @@ class SuffixTreeDrafter(Drafter):
                     if width == 1:
                         toks, score = _chain(trie.root, node, q, k, min_p, L, d_max, ctx, lo)
                         if score > best_score:
-                            best, best_score, won = toks, score, (trie.root, node, q, L)
+                            best, best_score = toks, score
                     else:
                         tree = _tree(node, q, k, width, levels, min_p)
                         if tree.score > best_score:
@@ -491,10 +496,6 @@ class SuffixTreeDrafter(Drafter):
                 out.append(DraftTree())
             elif width == 1:
                 out.append(DraftTree.chain(best, None, best_score))
-                # the winner's path on to the budget, to fill the verify batch's padding (``DraftTree.more``)
-                if len(best) < size_budget:
-                    full = _chain(won[0], won[1], won[2], size_budget, min_p, won[3], d_max, ctx, lo)[0]
-                    out[-1].more = full[len(best) :]
             else:
                 out.append(best)
         return out
