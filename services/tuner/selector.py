@@ -4,8 +4,7 @@
 decode step, in the active batch size's bucket of its copy of the central table (``bandit.py``), it plays the
 first candidate (a ``probe`` arm, rotated by the seed; else a longer chain of the best's drafter without its
 own estimate, shortest first; else the ``explore`` arm with the highest ``R + z * se``) when the bucket's
-*regret budget* pays for it, or a candidate whose expected extra time is nil, and only right after a step of
-the best, whose estimate exploration is priced against (``_pick``); else the bucket's
+*regret budget* pays for it, or a candidate whose expected extra time is nil (``_pick``); else the bucket's
 *best*: the table's, re-judged on estimates that continue the table's windows with this selector's own steps
 (counterfactual records of the played arm's ``prefix_chains`` included, ``_counterfactual``): the table's best
 while it stays reliably faster than off, unless another arm is reliably faster than it (switching on a point
@@ -60,14 +59,13 @@ def prefix_chains(arm: Arm, arms: Iterable[Arm]) -> list[Arm]:
 
 
 class _Account:
-    """One bucket's regret account under the current table: its time, exploration's extra time (seconds), the
-    seconds of its last step of the best, and whether its last step played the best."""
+    """One bucket's regret account under the current table: its time, exploration's extra time (seconds), and
+    the seconds of its last step of the best."""
 
-    __slots__ = ("time", "spent", "step", "after_best")
+    __slots__ = ("time", "spent", "step")
 
     def __init__(self) -> None:
         self.time = self.spent = self.step = 0.0
-        self.after_best = False
 
 
 class StrategySelector:
@@ -91,7 +89,7 @@ class StrategySelector:
         seed: int = 0,
         clock: str = "auto",
         lease_steps: int = 1024,
-        sample_every: int = 8,
+        sample_every: int = 64,
     ) -> None:
         if lease_steps < 1 or sample_every < 1:
             raise TunerConfigError("StrategySelector: lease_steps and sample_every must be >= 1")
@@ -180,10 +178,8 @@ class StrategySelector:
         """The candidate to explore (None: none) and by how much the first would overdraw the budget (seconds):
         the first candidate when the budget pays for it, else the first whose expected extra is nil (it costs
         nothing in expectation, even from a spent budget, and its own steps correct a stale estimate). Nothing
-        is explored before the best has an estimate and a step under this table, nor right after an exploration:
-        the best's estimate stays fresh (a stale one, e.g. off's from a slower moment of a shared machine, would
-        price an arm slower than off as free and let it take every step)."""
-        if not rate or acc.step <= 0 or not cands or not acc.after_best:
+        is explored before the best has an estimate and a step under this table."""
+        if not rate or acc.step <= 0 or not cands:
             return None, math.inf
         extras = [self._extra(i, c, rate, acc) for c in cands]
         if (owed := self._owed(i, extras[0], acc)) <= 0:
@@ -223,7 +219,6 @@ class StrategySelector:
         self._counterfactual(i, arm, obs, seconds)
         acc = self._accounts[i]
         acc.time += seconds
-        acc.after_best = not explored
         if explored:  # its extra time over the best's for the same tokens
             acc.spent += max(0.0, seconds - obs.committed_tokens / rate)
         else:

@@ -97,7 +97,7 @@ def test_exploration_is_paid_from_an_allowance_that_carries_over_between_rollout
 def test_actors_sharing_a_table_split_its_allowance_and_a_replay_gets_none():
     bandit = BucketedBandit(ARMS, BanditConfig(regret_budget=0.01))
     eng = new_engine(bandit)
-    rollouts(bandit, [eng], 6, steps=400, sizes=(64,))  # X and Y judged; an allowance built up at batch 64
+    rollouts(bandit, [eng], 3, steps=400, sizes=(64,))  # X and Y judged; an allowance built up at batch 64
     table = bandit.table()
     allowance = table["buckets"][bandit.bucket_of(64)]["allowance"]
     halves = share_allowance(table, 0.5)
@@ -354,29 +354,3 @@ def test_the_tables_best_is_kept_until_another_arm_is_reliably_faster_than_it():
     # Y now commits twice X's tokens: reliably faster within a few steps, it becomes the best
     steps = [step(4.0) for _ in range(40)][10:]
     assert {a for a, explored in steps if not explored} == {Y}, steps
-
-
-def test_exploration_is_priced_against_a_current_estimate_of_the_best():
-    # the table's evidence comes from a moment when the machine was twice as slow: off's window (64 steps) at
-    # 50 tokens/s, X's (8 steps) near it. Now off runs at ~98 tokens/s and X, whose drafts are never accepted,
-    # at ~89 (9% slower). Priced against off's stale rate X would look free and take every step (~9% of the
-    # bucket's time lost); the best is played between explorations, so its estimate soon is current and X
-    # costs about the regret budget (1% of the bucket's time) beyond off's time for the same tokens.
-    bandit = BucketedBandit(parse_arms(["off", X]), BanditConfig(regret_budget=0.01))
-    for k in range(64):
-        bandit.observe(1, "off", 1, 0.020 * (1.05 if k % 2 else 0.95))
-    for k in range(8):
-        bandit.observe(1, X, 1, 0.0215 * (1.3 if k % 2 else 0.7))
-    table = bandit.table()
-    row = table["buckets"][0]
-    assert row["best"] == "off" and X in row["explore"], row
-    row["allowance"] = 0.0  # seconds
-    now = CostModel(profiles={X: ArmProfile(alpha=0.0)})
-    off_s = now.seconds_per_token(BY_NAME["off"], 1)
-    assert 1.05 < now.seconds_per_token(BY_NAME[X], 1) / off_s < 1.15
-    for seed in range(4):
-        eng = SimEngine(StrategySelector(table, clock="engine"), now, seed=seed)
-        steps = eng.run([1] * 3000)
-        extra = sum(max(0.0, s.seconds - s.tokens * off_s) for s in steps if s.arm == X)
-        total = sum(s.seconds for s in steps)
-        assert extra <= 0.02 * total, (seed, extra, total, sum(s.arm == X for s in steps))
