@@ -121,7 +121,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "selections",
         ("bucket", "arm"),
         "Decode steps run with each tuner arm, by the tuner's active-batch-size bucket the step fell in (e.g. "
-        "bucket '4-15', arm 'suffix-k8-w1').",
+        "bucket '8-15', arm 'suffix-k8-w1').",
     ),
     MetricSpec(
         "tailspec_step_phase_seconds",

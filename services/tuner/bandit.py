@@ -49,7 +49,7 @@ class BanditConfig(Settings):
     """
 
     SECTION = "bandit"
-    bucket_edges: list[int] = field(default_factory=lambda: [1, 4, 16, 64, 256])
+    bucket_edges: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256])
     window: int = 64
     min_samples: int = 4
     z: float = 2.0
