@@ -83,6 +83,12 @@ def summarize(runs: Sequence[ReplayRun], configs: Sequence[str]) -> dict:
         }
         if strategies:
             out[c]["strategies"] = dict(sorted(strategies.items(), key=lambda kv: -kv[1]))
+        out[c]["by_batch"] = _by_batch(rs)
+    base = out.get(PLAIN, {}).get("by_batch", {})
+    for d in out.values():
+        for label, row in d["by_batch"].items():
+            rate = base.get(label, {}).get("tokens_per_s")
+            row["vs_plain"] = row["tokens_per_s"] / rate if rate and row["tokens_per_s"] else None
     aa = [p.makespan_s / r.makespan_s for r in runs if r.config == PLAIN_AGAIN and (p := plain.get(r.rep))]
     aa_lt = [
         p.longtail_s / r.longtail_s
@@ -97,6 +103,24 @@ def summarize(runs: Sequence[ReplayRun], configs: Sequence[str]) -> dict:
             "spread": max((abs(1 - x) for x in aa + aa_lt), default=None),
         },
     }
+
+
+def _by_batch(rs: Sequence[ReplayRun]) -> dict:
+    """Per active batch size bucket, the rounds pooled: ``steps`` (per round), ``tokens_per_s`` (committed tokens
+    over seconds) and ``strategies`` (steps per strategy, most played first)."""
+    out: dict[str, dict] = {}
+    for r in rs:
+        for label, (steps, tokens, seconds, strategies) in r.by_batch.items():
+            row = out.setdefault(label, {"steps": 0, "tokens": 0, "seconds": 0.0, "strategies": {}})
+            row["steps"] += steps / len(rs)
+            row["tokens"] += tokens
+            row["seconds"] += seconds
+            for k, v in strategies.items():
+                row["strategies"][k] = row["strategies"].get(k, 0) + v
+    for row in out.values():
+        row["tokens_per_s"] = row.pop("tokens") / row["seconds"] if row["seconds"] > 0 else None
+        row["strategies"] = dict(sorted(row["strategies"].items(), key=lambda kv: -kv[1]))
+    return out
 
 
 def _step_ms(rs: Sequence[ReplayRun]) -> dict | None:
@@ -242,9 +266,42 @@ def write_markdown(result: dict, path: Path) -> str:
         ad = blk["summary"]["configs"].get(ADAPTIVE, {}).get("strategies")
         if ad:
             lines += ["", "Adaptive decode steps per arm: " + ", ".join(f"{k} {v}" for k, v in ad.items())]
+        lines += _by_batch_table(blk["summary"]["configs"])
     text = "\n".join(lines) + "\n"
     path.write_text(text)
     return text
+
+
+def _by_batch_table(cs: dict) -> list[str]:
+    """Markdown: each configuration's throughput by active batch size bucket as a multiple of plain's there,
+    and the strategy adaptive played most in each bucket (with its share of the bucket's steps)."""
+    labels = list(cs.get(PLAIN, {}).get("by_batch", {}))
+    if not labels:
+        return []
+    lines = [
+        "",
+        "Throughput by active batch size (committed tokens/s over all rounds, as a multiple of plain's in the same "
+        "bucket; the bucket's batch sizes pooled), and the steps per round in each bucket:",
+        "",
+        "| config | " + " | ".join(labels) + " |",
+        "|---|" + "---:|" * len(labels),
+    ]
+    steps = cs[PLAIN]["by_batch"]
+    lines.append("| plain: steps | " + " | ".join(f"{steps[b]['steps']:.0f}" for b in labels) + " |")
+    for c, d in cs.items():
+        if c in (PLAIN, PLAIN_AGAIN):
+            continue
+        row = d.get("by_batch", {})
+        lines.append(f"| {c} | " + " | ".join(_f(row.get(b, {}).get("vs_plain")) for b in labels) + " |")
+    ad = cs.get(ADAPTIVE, {}).get("by_batch", {})
+    if ad:
+        most = []
+        for b in labels:
+            st = ad.get(b, {}).get("strategies") or {}
+            k = next(iter(st), None)
+            most.append("-" if k is None else f"{k} ({st[k] / sum(st.values()):.0%})")
+        lines.append("| adaptive: most played | " + " | ".join(most) + " |")
+    return lines
 
 
 def write_plot(result: dict, path: Path) -> None:

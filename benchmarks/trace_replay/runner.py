@@ -21,6 +21,7 @@ its siblings as they finish).
 
 from __future__ import annotations
 
+import bisect
 import copy
 import gc
 import random
@@ -39,8 +40,10 @@ from benchmarks.trace_replay.workload import (
 from services.rollout_actor.drafters import build_drafters
 from services.rollout_actor.engine import Engine, GenerationRequest, RequestOutput
 from services.rollout_actor.model import Transformer
+from services.rollout_actor.requests import StepRecord
 from services.rollout_actor.speculative.stats import long_tail_tokens, tail_seconds
 from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy
+from services.tuner.bandit import BanditConfig, gate_table
 
 PLAIN, PLAIN_AGAIN, ADAPTIVE = "plain", "plain-again", "adaptive"
 # The fixed deterministic arms replayed: suffix chains of the shipped lengths (services/tuner/arms.py), two
@@ -56,6 +59,7 @@ FIXED_ARMS: dict[str, Strategy] = {
     "ngram-k5": Strategy("ngram", 5),
 }
 DRAFTERS = ("suffix", "ngram")
+BATCH_EDGES = tuple(BanditConfig().bucket_edges)  # ``ReplayRun.by_batch``: the tuner's buckets
 NOT_REPLAYABLE = {
     "learned / hybrid arms": "sampled drafts (the EAGLE drafter at temperature > 0) cannot be verified against "
     "a trace (the engine raises ValueError), so trace replay leaves them out"
@@ -105,6 +109,8 @@ class ReplayRun:
     phase_forward_s: float = 0.0  # of ``phase_s``: the target forward (``StepRecord.forward_seconds``)
     # with CUDA graphs: forwards that ran eagerly (keys the graph memory budget refused, or without a bucket)
     eager_forwards: int | None = None
+    # per active-batch-size bucket (``by_batch``): [steps, committed tokens, seconds, {strategy: steps}]
+    by_batch: dict[str, list] = field(default_factory=dict)
 
     @property
     def tau(self) -> float | None:
@@ -113,6 +119,29 @@ class ReplayRun:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "tau": self.tau}
+
+
+def batch_label(b: int, edges: Sequence[int] = BATCH_EDGES) -> str:
+    """The bucket of active batch size ``b`` as ``"lo-hi"`` (``"lo"`` for one size, ``"lo+"`` for the last)."""
+    i = max(0, bisect.bisect_right(edges, b) - 1)
+    lo = edges[i]
+    if i + 1 == len(edges):
+        return f"{lo}+"
+    hi = edges[i + 1] - 1
+    return str(lo) if hi == lo else f"{lo}-{hi}"
+
+
+def by_batch(steps: Sequence[StepRecord]) -> dict[str, list]:
+    """Decode steps pooled by active batch size bucket (the tuner's default buckets), smallest first:
+    label -> [steps, committed tokens, seconds without graph captures, {strategy: steps}]."""
+    out: dict[str, list] = {}
+    for s in sorted(steps, key=lambda s: s.batch_size):
+        row = out.setdefault(batch_label(s.batch_size), [0, 0, 0.0, {}])
+        row[0] += 1
+        row[1] += s.committed
+        row[2] += s.seconds - s.capture_seconds
+        row[3][s.strategy] = row[3].get(s.strategy, 0) + 1
+    return out
 
 
 def replay_exact(out: RequestOutput, req: GenerationRequest, eos_ids: set[int]) -> bool:
@@ -184,8 +213,6 @@ class ReplayBench:
         return ds
 
     def _learn(self) -> int:
-        from services.tuner.bandit import gate_table
-
         obs = self.adaptive.drain_observations()
         self.adaptive.update_table(gate_table(self.tuner.merge(obs), []))
         return len(obs)
@@ -372,6 +399,7 @@ class ReplayBench:
             phase_draft_s=sum(s.draft_seconds for s in tail),
             phase_forward_s=sum(s.forward_seconds for s in tail),
             eager_forwards=eager,
+            by_batch=by_batch(steps),
         )
         if config == ADAPTIVE:
             res.strategies = self.adaptive.drain_choices()

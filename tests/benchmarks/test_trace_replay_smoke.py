@@ -110,6 +110,33 @@ def test_speedups_from_measured_times(result):
         assert r["phase_steps"] == r["steps"] and r["longtail_tokens"] == r["tokens"] - r["requests"]
 
 
+def test_throughput_by_batch_size_bucket_adds_up_to_each_run(result):
+    res, out = result
+    md = (out / "trace_replay.md").read_text()
+    for blk in res["results"]:
+        cs = blk["summary"]["configs"]
+        for r in blk["runs"]:
+            rows = r["by_batch"]
+            assert sum(x[0] for x in rows.values()) == r["steps"]  # every step in one bucket
+            # committed tokens: the whole rollout but each request's first token (sampled at prefill)
+            assert sum(x[1] for x in rows.values()) == r["tokens"] - r["requests"]
+            assert all(sum(x[3].values()) == x[0] for x in rows.values())
+            assert set(rows) <= set(cs[PLAIN]["by_batch"])  # every run passes the batch sizes plain does
+            for label, (steps, tokens, seconds, _) in rows.items():
+                row = cs[r["config"]]["by_batch"][label]  # one round: the run's own
+                assert row["steps"] == steps
+                assert row["tokens_per_s"] == pytest.approx(tokens / seconds)
+                plain = cs[PLAIN]["by_batch"][label]["tokens_per_s"]
+                assert row["vs_plain"] == pytest.approx(row["tokens_per_s"] / plain)
+        assert set(cs[PLAIN]["by_batch"]["1"]["strategies"]) == {"off"}
+        labels = list(cs[PLAIN]["by_batch"])
+        assert "| config | " + " | ".join(labels) + " |" in md
+    # max batch 8: every batch size from 8 down to 1 occurs as the group's responses finish
+    b8 = next(b for b in res["results"] if b["batch"] == 8)
+    assert list(b8["summary"]["configs"][PLAIN]["by_batch"]) == ["1", "2-3", "4-7", "8-15"]
+    assert "| adaptive: most played |" in md
+
+
 def test_replay_equals_the_trace():
     cfg = shape_config("tiny")
     tok = load_tokenizer("tiny")
