@@ -21,7 +21,6 @@ its siblings as they finish).
 
 from __future__ import annotations
 
-import bisect
 import copy
 import gc
 import random
@@ -37,13 +36,14 @@ from benchmarks.trace_replay.workload import (
     max_seq_len,
     requests,
 )
+from services.common.metrics import bucket_label
 from services.rollout_actor.drafters import build_drafters
 from services.rollout_actor.engine import Engine, GenerationRequest, RequestOutput
 from services.rollout_actor.model import Transformer
 from services.rollout_actor.requests import StepRecord
 from services.rollout_actor.speculative.stats import long_tail_tokens, tail_seconds
 from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy
-from services.tuner.bandit import BanditConfig, gate_table
+from services.tuner.bandit import BanditConfig, bucket_index, gate_table
 
 PLAIN, PLAIN_AGAIN, ADAPTIVE = "plain", "plain-again", "adaptive"
 # The fixed deterministic arms replayed: suffix chains of the shipped lengths (services/tuner/arms.py), two
@@ -121,27 +121,23 @@ class ReplayRun:
         return {**asdict(self), "tau": self.tau}
 
 
-def batch_label(b: int, edges: Sequence[int] = BATCH_EDGES) -> str:
-    """The bucket of active batch size ``b`` as ``"lo-hi"`` (``"lo"`` for one size, ``"lo+"`` for the last)."""
-    i = max(0, bisect.bisect_right(edges, b) - 1)
-    lo = edges[i]
-    if i + 1 == len(edges):
-        return f"{lo}+"
-    hi = edges[i + 1] - 1
-    return str(lo) if hi == lo else f"{lo}-{hi}"
+def batch_label(i: int, edges: Sequence[int] = BATCH_EDGES) -> str:
+    """Bucket ``i``'s label: the metrics' ``bucket_label`` (``"2-3"``, ``"256+"``), ``"lo"`` for one size."""
+    hi = edges[i + 1] if i + 1 < len(edges) else None
+    return str(edges[i]) if hi == edges[i] + 1 else bucket_label(edges[i], hi)
 
 
 def by_batch(steps: Sequence[StepRecord]) -> dict[str, list]:
     """Decode steps pooled by active batch size bucket (the tuner's default buckets), smallest first:
     label -> [steps, committed tokens, seconds without graph captures, {strategy: steps}]."""
-    out: dict[str, list] = {}
-    for s in sorted(steps, key=lambda s: s.batch_size):
-        row = out.setdefault(batch_label(s.batch_size), [0, 0, 0.0, {}])
+    rows: dict[int, list] = {}
+    for s in steps:
+        row = rows.setdefault(bucket_index(BATCH_EDGES, s.batch_size), [0, 0, 0.0, {}])
         row[0] += 1
         row[1] += s.committed
         row[2] += s.seconds - s.capture_seconds
         row[3][s.strategy] = row[3].get(s.strategy, 0) + 1
-    return out
+    return {batch_label(i): rows[i] for i in sorted(rows)}
 
 
 def replay_exact(out: RequestOutput, req: GenerationRequest, eos_ids: set[int]) -> bool:

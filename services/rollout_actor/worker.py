@@ -14,7 +14,6 @@ decode-step observations to the tuner in one batch.
 
 from __future__ import annotations
 
-import bisect
 import copy
 import gc
 import logging
@@ -42,7 +41,7 @@ from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy,
 from services.spot_trainer.buffer import Frame
 from services.spot_trainer.stream import HiddenStateSender
 from services.spot_trainer.trainer import load_published
-from services.tuner.bandit import share_allowance
+from services.tuner.bandit import bucket_index, share_allowance
 from services.tuner.budgets import BudgetConfig
 from services.tuner.grpc_service import TunerClient
 from services.tuner.selector import StrategySelector as TunedSelector
@@ -66,7 +65,7 @@ def choices_by_bucket(observations: list[dict], edges: list[int]) -> dict[str, d
     (each: ``batch_size``, ``arm``, ``steps``; ``edges``: the table's ``bucket_edges``)."""
     out: dict[str, dict[str, int]] = {}
     for ob in observations:
-        i = max(0, bisect.bisect_right(edges, int(ob["batch_size"])) - 1)
+        i = bucket_index(edges, int(ob["batch_size"]))
         label = bucket_label(edges[i], edges[i + 1] if i + 1 < len(edges) else None)
         arms = out.setdefault(label, {})
         arms[ob["arm"]] = arms.get(ob["arm"], 0) + int(ob["steps"])

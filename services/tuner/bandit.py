@@ -71,6 +71,12 @@ class BanditConfig(Settings):
         check_number(self.regret_budget, f"{p}.regret_budget", 0, 1)
 
 
+def bucket_index(edges: Sequence[int], batch_size: int) -> int:
+    """The bucket of an active batch size: ``i`` with ``edges[i] <= batch_size < edges[i + 1]`` (the last
+    open-ended; sizes below the first edge go to bucket 0)."""
+    return max(0, bisect.bisect_right(edges, batch_size) - 1)
+
+
 def estimate_from_sums(n: float, sums: Sequence[float], min_samples: int) -> tuple[float, float] | None:
     """(R, se) in committed tokens per second from ``n`` records' ``[sum t, sum s, sum t*t, sum t*s, sum s*s]``
     (t: tokens, s: seconds), or None below ``min_samples`` records."""
@@ -179,7 +185,7 @@ class BucketedBandit:
 
     def bucket_of(self, batch_size: int) -> int:
         """The bucket index of an active batch size (sizes below the first edge go to bucket 0)."""
-        return max(0, bisect.bisect_right(self.edges, batch_size) - 1)
+        return bucket_index(self.edges, batch_size)
 
     def observe(self, batch_size: int, arm: Arm | str, tokens: float, seconds: float, **kw: Any) -> bool:
         """One record: a step's committed tokens and seconds (``seconds`` <= 0: counted, not timed); ``kw``:

@@ -18,7 +18,6 @@ that captured a CUDA graph is counted, not timed. docs/tuner.md gives the reason
 
 from __future__ import annotations
 
-import bisect
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -27,7 +26,7 @@ from typing import Any
 from services.rollout_actor.speculative.base import DraftRequest
 from services.rollout_actor.speculative.strategy import OFF, Lease, StepObservation, Strategy
 from services.tuner.arms import Arm, Drafter, TunerConfigError
-from services.tuner.bandit import BanditConfig, RateWindow, faster
+from services.tuner.bandit import BanditConfig, RateWindow, bucket_index, faster
 from services.tuner.budgets import BudgetConfig, LengthBudgets
 
 CLOCKS = ("auto", "thread", "engine")
@@ -191,7 +190,7 @@ class StrategySelector:
         t0 = time.thread_time() if self.clock == "thread" else 0.0
         self._end_lease()
         n = len(requests)
-        i = max(0, bisect.bisect_right(self.edges, n) - 1)
+        i = bucket_index(self.edges, n)
         acc = self._accounts.setdefault(i, _Account())
         best, cands, rate = self._next(i)
         pick = self._pick(i, cands, rate, acc)[0]
