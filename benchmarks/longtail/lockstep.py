@@ -25,12 +25,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from benchmarks.longtail.runners import RunResult, TailspecRunner
 from benchmarks.longtail.tables import by_config, identical_fraction, median
 from benchmarks.longtail.workload import ADAPTIVE, PLAIN, PLAIN_AGAIN, REPO, Workload
 from benchmarks.side_by_side import decode_side_by_side
+from services.tuner.arms import OFF
 
 NEVER_WORSE_REP0 = (
     100  # the never-worse rounds' repetition numbers start here (apart from the lock-step ones)
@@ -137,7 +139,9 @@ def never_worse_table(runs: list[RunResult], batch_sizes: list[int]) -> dict:
     of r and its standard error ``se``; each process's mean of r (a round's process is ``(rep -
     NEVER_WORSE_REP0) // NEVER_WORSE_PROC_STRIDE``) and their standard error ``process_se``; ``se_verdict =
     max(se, process_se)``; ``slowdown_bound = 1 - (mean - 2 se_verdict)``, ``resolution = 2 se_verdict``;
-    ``not_worse`` = mean >= 1, ``not_worse_2se`` = mean + 2 se_verdict >= 1 (se fields None below two rounds)."""
+    ``not_worse`` = mean >= 1, ``not_worse_2se`` = mean + 2 se_verdict >= 1 (se fields None below two rounds);
+    ``drafted_fraction``: the share of adaptive's decode steps in those rounds that drafted (any arm but off),
+    ``drafted_arms``: its three most played drafting arms' shares of the steps (where a loss comes from)."""
     out: dict = {}
     for b in batch_sizes:
         by = {(r.config, r.rep): r.makespan_s for r in runs if r.batch_size == b}
@@ -158,6 +162,12 @@ def never_worse_table(runs: list[RunResult], batch_sizes: list[int]) -> dict:
         p_se = statistics.stdev(pm) / math.sqrt(len(pm)) if len(pm) > 1 else None
         se_v = None if se is None else max(se, p_se or 0.0)
         mean = statistics.fmean(r)
+        played: Counter[str] = Counter()
+        for run in runs:
+            if run.batch_size == b and run.config == ADAPTIVE and run.rep in reps:
+                played.update(run.strategies)
+        steps = sum(played.values())
+        drafted = [(n, k / steps) for n, k in played.most_common() if n != OFF.name] if steps else []
         out[str(b)] = {
             "rounds": len(reps),
             "processes": len(pm),
@@ -174,6 +184,8 @@ def never_worse_table(runs: list[RunResult], batch_sizes: list[int]) -> dict:
             "resolution": None if se_v is None else 2.0 * se_v,
             "not_worse": mean >= 1.0,
             "not_worse_2se": None if se_v is None else mean + 2.0 * se_v >= 1.0,
+            "drafted_fraction": sum(x for _, x in drafted) if steps else None,
+            "drafted_arms": dict(drafted[:3]),
         }
     return out
 

@@ -137,11 +137,12 @@ def _lockstep(ls: dict) -> list[str]:
         f"of {nw['processes']} processes): ratio = mean of the two plain makespans / adaptive's, per round; "
         "mean +- standard error over all rounds, and over the processes' means (a process-wide shift, e.g. "
         "memory layout, is common to all its rounds); the verdict and the slowdown bound (the largest slowdown "
-        "consistent with the rounds at two standard errors) use the larger of the two.",
+        "consistent with the rounds at two standard errors) use the larger of the two. Drafted: the share of "
+        "adaptive's decode steps in those rounds that drafted, and its most played drafting arms' shares.",
         "",
         "| batch | adaptive vs plain (mean +- se) | per process (se) | A/A (mean +- se) | slowdown bound "
-        "| not worse (point) | not worse (2 se) |",
-        "|---:|---|---|---|---:|---|---|",
+        "| not worse (point) | not worse (2 se) | drafted |",
+        "|---:|---|---|---|---:|---|---|---|",
     ]
     for b, v in nw["results"].items():
         bound = v.get("slowdown_bound")
@@ -150,9 +151,18 @@ def _lockstep(ls: dict) -> list[str]:
             f"| {' / '.join(f'{x:.4f}' for x in v['process_means'])} ({_f(v.get('process_se'), '{:.4f}')}) "
             f"| {v['aa_mean']:.4f} +- {_f(v.get('aa_se'), '{:.4f}')} "
             f"| {_f(None if bound is None else 100 * bound, '{:.2f}%')} | {v['not_worse']} "
-            f"| {v.get('not_worse_2se')} |"
+            f"| {v.get('not_worse_2se')} | {_drafted(v)} |"
         )
     return lines
+
+
+def _drafted(v: dict) -> str:
+    """``drafted_fraction`` and ``drafted_arms`` of a never-worse row, e.g. ``9.5% (ngram-k3-w1 5.6%, ...)``."""
+    frac = v.get("drafted_fraction")
+    if frac is None:
+        return "-"
+    arms = ", ".join(f"{n} {100 * x:.1f}%" for n, x in (v.get("drafted_arms") or {}).items())
+    return f"{100 * frac:.1f}%" + (f" ({arms})" if arms else "")
 
 
 def _checks(result: dict) -> list[str]:

@@ -324,6 +324,21 @@ def test_never_worse_table_states_the_slowdown_the_rounds_allow():
     assert lockstep.never_worse_table(_lock_runs({("plain", 0): 1.0}), [2]) == {}
 
 
+def test_never_worse_table_says_how_much_adaptive_drafted_in_its_rounds():
+    """The share of adaptive's steps that drafted, over the rounds the ratio uses (not a round without plain),
+    and its most played drafting arms."""
+    runs = _lock_runs({(c, k): 1.0 for c in ("plain", "plain-again", "adaptive") for k in (0, 1)})
+    runs += _lock_runs({("adaptive", 2): 1.0})  # no plain in round 2: its steps are not counted
+    choices = {0: {"off": 90, "ngram-k3-w1": 6, "suffix-k8-w1": 4}, 1: {"off": 98, "ngram-k3-w1": 2}}
+    for r in runs:
+        if r.config == "adaptive":
+            r.strategies = choices.get(r.rep, {"suffix-k8-w1": 500})
+    v = lockstep.never_worse_table(runs, [2])["2"]
+    assert v["drafted_fraction"] == pytest.approx(12 / 200)
+    assert v["drafted_arms"] == pytest.approx({"ngram-k3-w1": 0.04, "suffix-k8-w1": 0.02})
+    assert list(v["drafted_arms"]) == ["ngram-k3-w1", "suffix-k8-w1"]  # most played first
+
+
 def test_never_worse_table_takes_the_processes_spread_when_it_is_the_larger():
     """Rounds of two processes (numbered from NEVER_WORSE_REP0 and one stride up): each process's rounds agree
     closely, but the processes differ by 2%: the verdict's standard error is that of the two process means, and
@@ -366,11 +381,21 @@ def test_never_worse_rounds_in_the_result(result):
         assert v["ratio_all"] == [round(x, 4) for x in want]
         assert v["process_means"] == [round((want[0] + want[1]) / 2, 4), round((want[2] + want[3]) / 2, 4)]
         assert v["se_verdict"] == max(v["ratio_se"], v["process_se"])
+        steps = [
+            r["strategies"]
+            for r in res["runs_never_worse"]
+            if r["config"] == "adaptive" and r["batch_size"] == int(b)
+        ]
+        total = sum(sum(x.values()) for x in steps)
+        assert v["drafted_fraction"] == pytest.approx(
+            sum(k for x in steps for n, k in x.items() if n != "off") / total
+        )
     md = (out / "longtail.md").read_text()
     assert (
         "Never worse than plain (2 lock-step rounds of plain, adaptive and plain-again alone in each of 2"
         in md
         and "| slowdown bound |" in md
+        and "| drafted |" in md
     )
 
 
