@@ -162,12 +162,16 @@ def never_worse_table(runs: list[RunResult], batch_sizes: list[int]) -> dict:
         p_se = statistics.stdev(pm) / math.sqrt(len(pm)) if len(pm) > 1 else None
         se_v = None if se is None else max(se, p_se or 0.0)
         mean = statistics.fmean(r)
-        played: Counter[str] = Counter()
-        for run in runs:
-            if run.batch_size == b and run.config == ADAPTIVE and run.rep in reps:
-                played.update(run.strategies)
+        played = sum(
+            (
+                Counter(x.strategies)
+                for x in runs
+                if x.batch_size == b and x.config == ADAPTIVE and x.rep in reps
+            ),
+            Counter(),
+        )
         steps = sum(played.values())
-        drafted = [(n, k / steps) for n, k in played.most_common() if n != OFF.name] if steps else []
+        drafted = [(n, k / steps) for n, k in played.most_common() if n != OFF.name]
         out[str(b)] = {
             "rounds": len(reps),
             "processes": len(pm),

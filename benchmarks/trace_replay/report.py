@@ -11,6 +11,7 @@ phase later, with less left).
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -50,10 +51,7 @@ def summarize(runs: Sequence[ReplayRun], configs: Sequence[str]) -> dict:
         )
         dra = [sum(x) for x in zip(*[r.drafted_by_position for r in rs])] if rs[0].drafted_by_position else []
         verify, accepted = sum(r.verify_steps for r in rs), sum(r.accepted for r in rs)
-        strategies: dict[str, int] = {}
-        for r in rs:
-            for k, v in r.strategies.items():
-                strategies[k] = strategies.get(k, 0) + v
+        strategies = sum((Counter(r.strategies) for r in rs), Counter())
         out[c] = {
             "rounds": len(rs),
             "makespan_s": _median([r.makespan_s for r in rs]),
@@ -82,7 +80,7 @@ def summarize(runs: Sequence[ReplayRun], configs: Sequence[str]) -> dict:
             "eager_forwards": None if rs[0].eager_forwards is None else sum(r.eager_forwards for r in rs),
         }
         if strategies:
-            out[c]["strategies"] = dict(sorted(strategies.items(), key=lambda kv: -kv[1]))
+            out[c]["strategies"] = dict(strategies.most_common())
         out[c]["by_batch"] = _by_batch(rs)
     base = out.get(PLAIN, {}).get("by_batch", {})
     for d in out.values():
@@ -111,15 +109,14 @@ def _by_batch(rs: Sequence[ReplayRun]) -> dict:
     out: dict[str, dict] = {}
     for r in rs:
         for label, (steps, tokens, seconds, strategies) in r.by_batch.items():
-            row = out.setdefault(label, {"steps": 0, "tokens": 0, "seconds": 0.0, "strategies": {}})
+            row = out.setdefault(label, {"steps": 0, "tokens": 0, "seconds": 0.0, "strategies": Counter()})
             row["steps"] += steps / len(rs)
             row["tokens"] += tokens
             row["seconds"] += seconds
-            for k, v in strategies.items():
-                row["strategies"][k] = row["strategies"].get(k, 0) + v
+            row["strategies"].update(strategies)
     for row in out.values():
         row["tokens_per_s"] = row.pop("tokens") / row["seconds"] if row["seconds"] > 0 else None
-        row["strategies"] = dict(sorted(row["strategies"].items(), key=lambda kv: -kv[1]))
+        row["strategies"] = dict(row["strategies"].most_common())
     return out
 
 
