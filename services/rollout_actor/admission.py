@@ -112,8 +112,7 @@ class AdmissionMixin:
                     self._slot_prompt[r.slot] = key
                     self._holders.setdefault(key, []).append(r.slot)
                     self._prompt_out.setdefault(key, row_out[i])
-        tokens, logps = self._sample_rows(torch.stack([o[0] for o in row_out]), new)
-        tokens, logps = tokens.tolist(), logps.tolist()  # one device read for the batch
+        tokens, logps = self._sample_rows(torch.stack([o[0] for o in row_out]), new)  # one device read
         finished = []
         now = self.now()
         for i, r in enumerate(new):

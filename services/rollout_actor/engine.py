@@ -70,7 +70,7 @@ from services.rollout_actor.requests import (
     SamplingParams,
     StepRecord,
 )
-from services.rollout_actor.sampling import processed_probs, sample_from_probs
+from services.rollout_actor.sampling import SamplingBatch, logprobs, sample_from_probs
 from services.rollout_actor.speculative.base import Drafter, DraftRequest, DraftTree
 from services.rollout_actor.speculative.strategy import (
     OFF,
@@ -87,6 +87,8 @@ from services.rollout_actor.verify_step import (
     build_verify_batch,
     chain_accepted,
     committed_hidden,
+    committed_logprobs,
+    committed_rows,
     fit_drafts,
     point_masses,
     propose_drafts,
@@ -279,28 +281,31 @@ class Engine(AdmissionMixin):
         return finished
 
     # ------------------------------------------------------------------ internals
-    def _params_tensors(self, rows: list[RunningRequest]):
-        dev = self.device
-        temp = torch.tensor([r.req.params.temperature for r in rows], dtype=torch.float32, device=dev)
-        top_k = torch.tensor([r.req.params.top_k for r in rows], dtype=torch.long, device=dev)
-        top_p = torch.tensor([r.req.params.top_p for r in rows], dtype=torch.float32, device=dev)
-        return temp, top_k, top_p
+    def _sampling(self, rows: list[RunningRequest]) -> SamplingBatch:
+        return SamplingBatch.of([r.req.params for r in rows], self.cfg.vocab_size, self.device)
 
-    def _logprobs(self, logits: torch.Tensor, temp: torch.Tensor) -> torch.Tensor:
-        t = torch.where(temp > 0, temp, torch.ones_like(temp))
-        return torch.log_softmax(logits.float() / t.view(-1, *([1] * (logits.dim() - 1))), dim=-1)
-
-    def _sample_rows(self, logits: torch.Tensor, rows: list[RunningRequest]):
-        temp, top_k, top_p = self._params_tensors(rows)
-        probs = processed_probs(logits, temp, top_k, top_p)
-        replay = [i for i, r in enumerate(rows) if r.req.reference is not None]
-        if replay:
-            targets = [[self._reference_token(rows[i], len(rows[i].tokens))] for i in replay]
-            point_masses(probs.unsqueeze(1), replay, targets)
-        u = torch.stack([r.u_pos[len(r.tokens)] for r in rows]).to(self.device)
-        tok = sample_from_probs(probs, u)
-        lp = self._logprobs(logits, temp).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-        return tok, lp
+    def _sample_rows(
+        self, logits: torch.Tensor, rows: list[RunningRequest], sampling: SamplingBatch | None = None
+    ) -> tuple[list[int], list[float]]:
+        """Each row's next token and its logprob from ``logits [B, V]`` (the first token after a prompt, or a
+        plain step): greedy rows take the argmax, replay rows their trace's token, the others draw with the
+        uniform of their next output position, as ``_verify`` does for a step with drafts. One device read."""
+        sampling = sampling or self._sampling(rows)
+        refs = [self._reference_token(r, len(r.tokens)) if r.req.reference is not None else -1 for r in rows]
+        if all(t >= 0 for t in refs):
+            tok = torch.tensor(refs, device=self.device)
+        else:
+            if all(sampling.greedy):
+                tok = logits.argmax(-1)  # processed_probs' one-hot on the argmax (ties: lowest id)
+            else:
+                u = torch.stack([r.u_pos[len(r.tokens)] for r in rows]).to(self.device)
+                tok = sample_from_probs(sampling.probs(logits), u)
+            if any(t >= 0 for t in refs):
+                ref = torch.tensor(refs, device=self.device)
+                tok = torch.where(ref >= 0, ref, tok)
+        lp = logprobs(logits, sampling.temperature).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+        both = torch.stack([tok.double(), lp.double()]).tolist()  # exact for ids < 2**53 and fp32 values
+        return [int(t) for t in both[0]], both[1]
 
     def _commit(self, r: RunningRequest, tokens: list[int], logps: list[float]) -> None:
         """Append newly committed tokens, applying EOS / stop-string / length stops."""
@@ -360,9 +365,13 @@ class Engine(AdmissionMixin):
         tf = time.perf_counter()
         out = self._forward(batch)
         t_forward = time.perf_counter() - tf
-        probs = self._target_probs(batch, out.logits)
-        nxt, paths = self._verify(batch, probs)
-        finished, committed, drafted, accepted = self._commit_step(batch, out, nxt, paths)
+        if batch.n:
+            nxt, paths = self._verify(batch, self._target_probs(batch, out.logits))
+            logps = committed_logprobs(batch, out.logits, nxt, paths)
+        else:  # a plain step: sample each row's next token, as admission samples the first
+            nxt, lps = self._sample_rows(out.logits[:, 0], rows, batch.sampling)
+            paths, logps = [[] for _ in rows], [[lp] for lp in lps]
+        finished, committed, drafted, accepted = self._commit_step(batch, out, nxt, paths, logps)
         seconds = time.perf_counter() - t0
         cpu = time.process_time() - c0 if self.cpu_clock else None
         captured = self.graphed.pool.stats.capture_seconds - capture0 if self.graphed is not None else 0.0
@@ -437,7 +446,7 @@ class Engine(AdmissionMixin):
         slots = torch.tensor([r.slot for r in rows], device=self.device)
         base = self.cache.lengths[slots]
         drafts = fit_drafts(drafts, base, self.cache.max_len)
-        return build_verify_batch(rows, strategies, drafts, slots, base, self._params_tensors(rows))
+        return build_verify_batch(rows, strategies, drafts, slots, base, self._sampling(rows))
 
     def _forward(self, batch: VerifyBatch):
         ids = torch.tensor(batch.id_rows, device=self.device)
@@ -455,14 +464,7 @@ class Engine(AdmissionMixin):
     def _target_probs(self, batch: VerifyBatch, logits: torch.Tensor) -> torch.Tensor:
         """``[B, N+1, V]`` processed target distribution of every input row (temperature, top-k, top-p); a
         replay row's is the point mass on its trace's token at that row's output position (module docstring)."""
-        b, n = len(batch.rows), batch.n
-        temp, top_k, top_p = batch.sampling
-        probs = processed_probs(
-            logits,
-            temp.view(-1, 1).expand(b, n + 1),
-            top_k.view(-1, 1).expand(b, n + 1),
-            top_p.view(-1, 1).expand(b, n + 1),
-        )
+        probs = batch.sampling.probs(logits)
         replay = [i for i, r in enumerate(batch.rows) if r.req.reference is not None]
         if replay:
             targets = [
@@ -479,9 +481,6 @@ class Engine(AdmissionMixin):
         """Apply the lossless acceptance rule. Returns (the token each row samples after its accepted nodes
         [B], each row's accepted node indices)."""
         rows, drafts, b = batch.rows, batch.drafts, len(batch.rows)
-        if batch.n == 0:
-            u = torch.stack([r.u_pos[len(r.tokens)] for r in rows]).to(self.device)
-            return sample_from_probs(probs[:, 0], u).tolist(), [[] for _ in rows]
         # Deterministic drafts: the uniforms of the positions this step can reach (coupled rule: the token at
         # position t is drawn with uniform t, as plain decoding draws it). Sampled drafts: len(draft) + 1 fresh
         # uniforms from the request's generator for the sequential rule. Either way the count depends on the
@@ -496,30 +495,26 @@ class Engine(AdmissionMixin):
                 u[i, :k] = seg
             else:
                 u[i, :k] = torch.rand(k, generator=r.gen)
-        greedy = batch.sampling[0] <= 0
+        greedy = batch.sampling.temperature <= 0
         res = verify_tree(probs, drafts, u, greedy=greedy, coupled=True)
         return res.next_token.tolist(), res.accepted_nodes
 
     def _commit_step(
-        self, batch: VerifyBatch, out, nxt: list[int], paths: list[list[int]]
+        self, batch: VerifyBatch, out, nxt: list[int], paths: list[list[int]], logps: list[list[float]]
     ) -> tuple[list[RequestOutput], int, int, int]:
-        """Commit each row's accepted nodes and next token: KV (roll back the rest, compact a tree path),
-        logprobs, hidden states, counters, stops. Returns (finished outputs, committed, drafted, accepted)."""
+        """Commit each row's accepted nodes and next token (``logps``: their logprobs): KV (roll back the rest,
+        compact a tree path), logprobs, hidden states, counters, stops. Returns (finished outputs, committed,
+        drafted, accepted)."""
         rows, drafts, dev = batch.rows, batch.drafts, self.device
-        # rows (in this step's input) that predicted each committed token: the root, then the accepted nodes
-        rows_idx = [[0] + [p + 1 for p in path] for path in paths]
-        toks = [[d.tokens[p] for p in path] + [nxt[i]] for i, (d, path) in enumerate(zip(drafts, paths))]
-        flat_b = torch.tensor([i for i, ri in enumerate(rows_idx) for _ in ri], device=dev)
-        flat_r = torch.tensor([x for ri in rows_idx for x in ri], device=dev)
-        flat_t = torch.tensor([x for t in toks for x in t], device=dev)
-        temp = batch.sampling[0]
-        lp_flat = self._logprobs(out.logits[flat_b, flat_r], temp[flat_b]).gather(-1, flat_t.unsqueeze(-1))
-        lp_flat = lp_flat.squeeze(-1).tolist()
+        rows_idx, toks = committed_rows(batch, nxt, paths)
         # KV: keep root + accepted nodes. A path 0, 1, 2, ... is already in place (the common case: only the
         # length moves); a tree path is compacted into consecutive positions.
         contiguous = [path == list(range(len(path))) for path in paths]
-        keep = torch.tensor([len(ri) if c else 0 for ri, c in zip(rows_idx, contiguous)], device=dev)
-        self.cache.commit(batch.slots, keep)
+        if batch.n:
+            keep = torch.tensor([len(ri) if c else 0 for ri, c in zip(rows_idx, contiguous)], device=dev)
+            self.cache.commit(batch.slots, keep)
+        else:  # a plain step keeps its one written position in every row
+            self.cache.commit(batch.slots, 1)
         for r, ri, c in zip(rows, rows_idx, contiguous):
             if not c:
                 self.cache.keep_path(r.slot, ri)
@@ -528,11 +523,9 @@ class Engine(AdmissionMixin):
             hs = [out.hidden[layer] for layer in self.hidden_layers]  # each [B, n+1, H]
             last_hid, to_sink = committed_hidden(hs, rows_idx, [i for i, r in enumerate(rows) if r.to_sink])
         finished: list[RequestOutput] = []
-        committed = drafted = accepted = off = 0
+        committed = drafted = accepted = 0
         for i, (r, d, s) in enumerate(zip(rows, drafts, batch.strategies)):
-            path, ri, tk = paths[i], rows_idx[i], toks[i]
-            lps = lp_flat[off : off + len(tk)]
-            off += len(tk)
+            path, ri, tk, lps = paths[i], rows_idx[i], toks[i], logps[i]
             if last_hid is not None:
                 r.hidden = last_hid[i]
             if i in to_sink:

@@ -199,7 +199,7 @@ class KVCache:
             self.v[:, dst, :, :n] = self.v[:, src, :, :n]
         self.lengths[dst] = n
 
-    def commit(self, slots: torch.Tensor, n: torch.Tensor) -> None:
+    def commit(self, slots: torch.Tensor, n: torch.Tensor | int) -> None:
         """Keep the first ``n[b]`` of the tokens last written to ``slots[b]`` (the rest are rolled back)."""
         self.lengths[slots] += n
 

@@ -6,8 +6,9 @@ nodes in tree order, the rest padding (token 0, causal). Trees get per-row rotar
 and an ancestor attention mask; chains and padding need neither (causal order is their tree order).
 ``fit_drafts`` cuts drafts so that no row writes past its KV-cache slot. ``point_masses`` writes the trace
 replay targets; ``record_spec`` counts a verified draft in a request's ``SpecCounters``; ``chain_accepted``
-says what a draft's first-child chain had accepted (the tuner's counterfactual records); ``committed_hidden``
-picks the hidden states of the committed positions.
+says what a draft's first-child chain had accepted (the tuner's counterfactual records); ``committed_rows``,
+``committed_logprobs`` and ``committed_hidden`` pick the committed positions' input rows, logprobs and hidden
+states.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from services.rollout_actor.requests import RunningRequest, SpecCounters
+from services.rollout_actor.sampling import SamplingBatch, logprobs
 from services.rollout_actor.speculative.base import Drafter, DraftRequest, DraftTree
 from services.rollout_actor.speculative.strategy import Strategy
 
@@ -38,7 +40,7 @@ class VerifyBatch:
     depths: list[list[int]]  # [B][N+1] output-position offset of each input row (root 0, node = its depth)
     positions: torch.Tensor | None  # [B, N+1] rotary positions (trees only; None: base + arange)
     mask: torch.Tensor | None  # [B, N+1, N+1] bool attention among the new tokens (trees only; None: causal)
-    sampling: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # ([B] temperature, [B] top-k, [B] top-p)
+    sampling: SamplingBatch  # [B] temperature, top-k, top-p
 
 
 def truncated(d: DraftTree, k: int) -> DraftTree:
@@ -66,7 +68,7 @@ def build_verify_batch(
     drafts: list[DraftTree],
     slots: torch.Tensor,
     base: torch.Tensor,
-    sampling: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    sampling: SamplingBatch,
 ) -> VerifyBatch:
     """The verify forward's inputs (module docstring) for drafts that already fit (``fit_drafts``).
 
@@ -128,6 +130,35 @@ def committed_hidden(
     p = torch.tensor([x for i in sink_rows for x in rows_idx[i]], device=dev)
     parts = torch.stack([h[b, p] for h in hs], 1).split([len(rows_idx[i]) for i in sink_rows])
     return last, dict(zip(sink_rows, parts))
+
+
+def committed_rows(
+    batch: VerifyBatch, nxt: list[int], paths: list[list[int]]
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Per row of a verified batch: the input rows that predicted each committed token (the root, then the
+    accepted nodes) and the committed tokens (the accepted nodes', then the next token ``nxt[b]``)."""
+    rows_idx = [[0] + [p + 1 for p in path] for path in paths]
+    toks = [[d.tokens[p] for p in path] + [nxt[i]] for i, (d, path) in enumerate(zip(batch.drafts, paths))]
+    return rows_idx, toks
+
+
+def committed_logprobs(
+    batch: VerifyBatch, logits: torch.Tensor, nxt: list[int], paths: list[list[int]]
+) -> list[list[float]]:
+    """The logprob (``sampling.logprobs``) of each token a verified row commits, from ``logits [B, N+1, V]`` at
+    the input rows that predicted them (``committed_rows``). One device read."""
+    rows_idx, toks = committed_rows(batch, nxt, paths)
+    dev = logits.device
+    flat_b = torch.tensor([i for i, ri in enumerate(rows_idx) for _ in ri], device=dev)
+    flat_r = torch.tensor([x for ri in rows_idx for x in ri], device=dev)
+    flat_t = torch.tensor([x for t in toks for x in t], device=dev)
+    lp = logprobs(logits[flat_b, flat_r], batch.sampling.temperature[flat_b]).gather(-1, flat_t.unsqueeze(-1))
+    flat = lp.squeeze(-1).tolist()
+    out, off = [], 0
+    for t in toks:
+        out.append(flat[off : off + len(t)])
+        off += len(t)
+    return out
 
 
 def chain_accepted(d: DraftTree, path: list[int]) -> int:

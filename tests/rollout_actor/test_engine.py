@@ -194,3 +194,29 @@ def test_prompt_sharing_does_not_outlive_a_weight_change(tiny_model):
     fresh = Engine(tiny_model, max_batch_size=2, max_seq_len=64, eos_token_ids=[], prefix_sharing=False)
     assert [o.token_ids for o in again] == [o.token_ids for o in fresh.generate(reqs)]
     assert eng.prefill_tokens == 2 * len(prompt)
+
+
+def test_mixed_batch_tokens_and_logprobs_match_a_cache_free_pass(tiny_model):
+    """A batch mixing greedy, top-k, top-p and plain sampling rows: each row draws what it draws alone, greedy
+    rows take the argmax, and every logprob is ``log_softmax(logits / T)`` of a cache-free forward (T = 1 for
+    greedy rows)."""
+    params = [
+        dict(temperature=0.0),
+        dict(temperature=0.7, top_k=5),
+        dict(temperature=1.0, top_p=0.8),
+        dict(temperature=1.3),
+    ]
+    reqs = [_req(i, [4 + i, 9, 11], max_new_tokens=10, seed=40 + i, **p) for i, p in enumerate(params)]
+    mixed = Engine(tiny_model, max_batch_size=4, max_seq_len=64, eos_token_ids=[]).generate(reqs)
+    for r, o, p in zip(reqs, mixed, params):
+        alone = Engine(tiny_model, max_batch_size=1, max_seq_len=64, eos_token_ids=[]).generate([r])[0]
+        assert o.token_ids == alone.token_ids and len(o.token_ids) == 10
+        seq = list(r.prompt_ids)
+        for tok, lp in zip(o.token_ids, o.logprobs):
+            with torch.no_grad():
+                logits = tiny_model(torch.tensor([seq])).logits[0, -1]
+            if p["temperature"] == 0:
+                assert tok == int(logits.argmax())
+            want = torch.log_softmax(logits / (p["temperature"] or 1.0), -1)[tok]
+            assert lp == pytest.approx(float(want), abs=1e-4)
+            seq.append(tok)
