@@ -18,6 +18,8 @@ For each model and batch size B, two measurements, eager and graphed interleaved
 * **kernels** (``profile_kernels``): one eager forward under ``torch.profiler``: kernels a decoder layer, and
   their device time split into matrix products and the rest (what fusing elementwise kernels could save). The
   model's projections are fused first, as the engine fuses them (``services/rollout_actor/fused.py``).
+* **decode attention** (``time_decode_attention``): microseconds per attention call of one decode step, from
+  a CUDA graph, for the model's kernel and two others (what a faster attention could save).
 * **memory bound**: the least time a plain decode step can take on this card, ``decode_bytes`` (every weight
   the forward reads once, plus each request's cached keys and values) over the card's measured bandwidth
   (``benchmarks.machine.measure_memory_bandwidth``: the faster of a read and a copy); ``*_vs_bound`` is a
@@ -40,6 +42,8 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from benchmarks.machine import describe_machine, measure_memory_bandwidth
 from services.rollout_actor.cuda_graphs import (
@@ -208,6 +212,67 @@ def profile_kernels(fn, layers: int, top: int = 12) -> dict:
     }
 
 
+def time_decode_attention(
+    cfg: ModelConfig, batch: int, context: int, dtype: torch.dtype, reps: int = 20
+) -> dict:
+    """Microseconds per decode attention call (one query token per row, ``context`` cached keys, the graphs'
+    key-length bucket above it), replayed ``reps`` x ``num_hidden_layers`` times from one CUDA graph, for:
+    ``sdpa`` (the model's: grouped rows, additive mask, SDPA's memory-efficient kernel), ``math`` (the same
+    rows as two batched products and a softmax in fp32) and ``flash_exact`` (FlashAttention over exactly the
+    cached keys, no mask: what a kernel taking per-row key lengths could reach)."""
+    from services.rollout_actor.model import _grouped_attention
+
+    dev = torch.device("cuda")
+    h, kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    g = h // kv
+    keys = next(e for e in kv_len_buckets(1 << 20, 64) if e >= context + 1)
+    q = torch.randn(batch, h, 1, d, device=dev, dtype=dtype)
+    k = torch.randn(batch, kv, keys, d, device=dev, dtype=dtype)
+    v = torch.randn_like(k)
+    mask = torch.zeros(batch, 1, g, keys, device=dev, dtype=dtype)
+    mask[..., context + 1 :] = float("-inf")
+    scale = d**-0.5
+    qg, ke, ve = q.reshape(batch, kv, g, d), k[:, :, : context + 1], v[:, :, : context + 1]
+
+    def math():
+        w = torch.softmax(torch.matmul(qg, k.transpose(-1, -2)).float() * scale + mask, -1)
+        return torch.matmul(w.to(dtype), v)
+
+    def flash():
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            return F.scaled_dot_product_attention(qg, ke, ve)
+
+    variants = {"sdpa": lambda: _grouped_attention(q, k, v, mask), "math": math, "flash_exact": flash}
+    ref = variants["sdpa"]().float().reshape(batch, kv, g, d)
+    out = {"keys": keys}
+    for name, fn in variants.items():
+        try:
+            err = float((fn().float().reshape(batch, kv, g, d) - ref).abs().max())
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    fn()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(cfg.num_hidden_layers):
+                    fn()
+            graph.replay()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(reps):
+                graph.replay()
+            torch.cuda.synchronize()
+            out[name] = {
+                "us": 1e6 * (time.perf_counter() - t) / (reps * cfg.num_hidden_layers),
+                "max_diff": err,
+            }
+        except Exception as e:  # noqa: BLE001  (a variant this GPU or build lacks)
+            out[name] = {"error": f"{type(e).__name__}: {e}"[:200]}
+    return out
+
+
 def time_engine(model: Transformer, batch: int, context: int, steps: int, seed: int) -> dict:
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(seed)
@@ -343,6 +408,9 @@ def main(argv: list[str] | None = None) -> int:
             row = {"batch": b}
             row.update(time_forward(model, b, args.context, args.steps, args.rounds, args.seed + b))
             row.update(time_engine(model, b, args.context, args.engine_steps, args.seed + b))
+            row["decode_attention"] = time_decode_attention(
+                model.config, b, args.context, model.lm_head.weight.dtype
+            )
             # the forward attends ``context`` cached tokens; the engine's steps ``context`` + 3 .. + steps
             for key, ctx in (
                 ("forward", args.context),
@@ -360,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"(x{row['engine_speedup']:.2f}); "
                 f"same tokens {row['engine_same_tokens']}; memory bound {row['engine_step_bound_ms']:.3f} ms "
                 f"(engine step graph / bound {row['engine_step_graph_vs_bound']:.2f}x); "
-                + describe_kernels(row["forward_kernels"]),
+                + describe_kernels(row["forward_kernels"])
+                + f"; attention per call {row['decode_attention']}",
                 flush=True,
             )
         result["models"][name] = {

@@ -6,12 +6,13 @@
 # Stages, in order, each cut to the time left (what a stage wrote before a cut is kept):
 #   1. the CUDA tests (CUDA-graph replay = eager, engine with graphs = without, attention kernels);
 #   2. plain decode against the card's memory bound, Qwen2.5-7B shape, batch 1/8/32, with the forward's kernel
-#      count and device time (benchmarks/cuda_graphs.py -> OUT_DIR/cuda_graphs.{json,png});
-#   3. trace replay at the Qwen2.5-7B shape, bf16, CUDA graphs, max batch 128 on 32 problems (128 requests fill
-#      it), the history epoch from the trace (decoding it, with its 6k-token response, took ~4 min), the tuner
-#      warmed up on the other 18 problems -> OUT_DIR/trace_replay_cuda_b128.{json,png};
-#   4. the same at max batch 8 on 8 problems (history decoded, 8 warm-up problems)
-#      -> OUT_DIR/trace_replay_cuda.{json,png}.
+#      count and device time, the engine step's device-busy time and three decode attention kernels
+#      (benchmarks/cuda_graphs.py -> OUT_DIR/cuda_graphs.{json,png});
+#   3. trace replay at the Qwen2.5-7B shape, bf16, CUDA graphs, max batch 8 on 8 problems (history decoded,
+#      8 warm-up problems) -> OUT_DIR/trace_replay_cuda.{json,png};
+#   4. the same at max batch 128 on 32 problems (128 requests fill it), the history epoch from the trace
+#      (decoding it, with its 6k-token response, took ~4 min), the tuner warmed up on the other 18 problems
+#      -> OUT_DIR/trace_replay_cuda_b128.{json,png}.
 # Everything printed goes to OUT_DIR/log as well. PYTHON (default python3) runs the stages; EXTRA_PYTHONPATH is
 # appended to PYTHONPATH (e.g. a folder holding omegaconf for the tests where it is not installed).
 set -u
@@ -41,16 +42,16 @@ stage() { # stage NAME MAX_SECONDS COMMAND...: run COMMAND for at most MAX_SECON
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
-stage tests 90 $PY -m pytest -q -p no:cacheprovider tests/rollout_actor/test_cuda_graphs.py \
+stage tests 80 $PY -m pytest -q -p no:cacheprovider tests/rollout_actor/test_cuda_graphs.py \
     tests/rollout_actor/test_verify.py tests/rollout_actor/test_shapes.py tests/rollout_actor/test_model.py
-stage decode_bound 100 $PY -m benchmarks.cuda_graphs --models qwen2.5-7b --batches 1,8,32 \
+stage decode_bound 110 $PY -m benchmarks.cuda_graphs --models qwen2.5-7b --batches 1,8,32 \
     --context 512 --rounds 5 --steps 30 --out "$OUT/cuda_graphs.json"
-stage trace_replay_b128 230 $PY -m benchmarks.trace_replay --device cuda --shapes qwen2.5-7b --batches 128 \
-    --problems 32 --warm-problems 18 --warm-passes 1 --history-from-trace --rounds 1 --arms suffix-k8,suffix-k16 \
-    --out-dir "$OUT" --name trace_replay_cuda_b128
-stage trace_replay 600 $PY -m benchmarks.trace_replay --device cuda --shapes qwen2.5-7b --batches 8 --problems 8 \
+stage trace_replay 150 $PY -m benchmarks.trace_replay --device cuda --shapes qwen2.5-7b --batches 8 --problems 8 \
     --warm-problems 8 --warm-passes 1 --rounds 1 --arms suffix-k8,suffix-k16 \
     --out-dir "$OUT" --name trace_replay_cuda
+stage trace_replay_b128 600 $PY -m benchmarks.trace_replay --device cuda --shapes qwen2.5-7b --batches 128 \
+    --problems 32 --warm-problems 18 --warm-passes 1 --history-from-trace --rounds 1 --arms suffix-k8,suffix-k16 \
+    --out-dir "$OUT" --name trace_replay_cuda_b128
 # at most 8 files come back from the device machine: rebuild the markdown with
 # python -m benchmarks.trace_replay.report OUT_DIR/trace_replay_cuda*.json
 rm -f "$OUT"/*.md
