@@ -178,7 +178,9 @@ def is_gemm(kernel: str) -> bool:
     """Whether a CUDA kernel name is a matrix product's: cuBLAS / cuBLASLt (on Hopper their kernels are named
     ``nvjet_*``), CUTLASS, GEMM or GEMV."""
     n = kernel.lower()
-    if "fmha" in n or "attention" in n:  # CUTLASS attention kernels: attention, not a weight's product
+    if any(
+        a in n for a in ("fmha", "attention", "flash")
+    ):  # attention kernels (CUTLASS-templated): not weights
         return False
     return any(s in n for s in ("gemm", "gemv", "nvjet", "cutlass", "xmma", "cublas"))
 

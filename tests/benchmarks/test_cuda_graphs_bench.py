@@ -69,7 +69,7 @@ def test_kernel_names_sorted_into_matrix_products_and_the_rest():
             products = [t for t in gemm if "splitkreduce" not in t["name"].lower()]
             # 4 weight products a layer (q / k / v fused, o, gate / up fused, down: fused.py) and the output head
             assert sum(t["calls"] for t in products) == 4 * layers + 1
-            assert k["gemm_us"] >= sum(t["us"] for t in gemm) and k["other_us"] > 0
+            assert k["gemm_us"] >= sum(t["us"] for t in gemm) - 1e-6 and k["other_us"] > 0
     assert not cuda_graphs.is_gemm(
         "fmha_cutlassF_bf16_aligned_64x128_rf_sm80(PyTorchMemEffAttention::AttentionKernel"
     )
