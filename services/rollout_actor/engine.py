@@ -288,21 +288,19 @@ class Engine(AdmissionMixin):
         self, logits: torch.Tensor, rows: list[RunningRequest], sampling: SamplingBatch | None = None
     ) -> tuple[list[int], list[float]]:
         """Each row's next token and its logprob from ``logits [B, V]`` (the first token after a prompt, or a
-        plain step): greedy rows take the argmax, replay rows their trace's token, the others draw with the
-        uniform of their next output position, as ``_verify`` does for a step with drafts. One device read."""
+        plain step): greedy rows take the argmax, the others draw with the uniform of their next output position,
+        as ``_verify`` does for a step with drafts; then replay rows take their trace's token (after the draw, so
+        that a replayed step costs what a sampled one does). One device read."""
         sampling = sampling or self._sampling(rows)
-        refs = [self._reference_token(r, len(r.tokens)) if r.req.reference is not None else -1 for r in rows]
-        if all(t >= 0 for t in refs):
-            tok = torch.tensor(refs, device=self.device)
+        if all(sampling.greedy):
+            tok = logits.argmax(-1)  # processed_probs' one-hot on the argmax (ties: lowest id)
         else:
-            if all(sampling.greedy):
-                tok = logits.argmax(-1)  # processed_probs' one-hot on the argmax (ties: lowest id)
-            else:
-                u = torch.stack([r.u_pos[len(r.tokens)] for r in rows]).to(self.device)
-                tok = sample_from_probs(sampling.probs(logits), u)
-            if any(t >= 0 for t in refs):
-                ref = torch.tensor(refs, device=self.device)
-                tok = torch.where(ref >= 0, ref, tok)
+            u = torch.stack([r.u_pos[len(r.tokens)] for r in rows]).to(self.device)
+            tok = sample_from_probs(sampling.probs(logits), u)
+        refs = [self._reference_token(r, len(r.tokens)) if r.req.reference is not None else -1 for r in rows]
+        if any(t >= 0 for t in refs):
+            ref = torch.tensor(refs, device=self.device)
+            tok = torch.where(ref >= 0, ref, tok)
         lp = logprobs(logits, sampling.temperature).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
         both = torch.stack([tok.double(), lp.double()]).tolist()  # exact for ids < 2**53 and fp32 values
         return [int(t) for t in both[0]], both[1]
