@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from benchmarks.machine import describe_machine, measure_memory_bandwidth
+from services.rollout_actor.attention import grouped_attention
 from services.rollout_actor.cuda_graphs import (
     CudaGraphPool,
     GraphedForward,
@@ -222,8 +223,6 @@ def time_decode_attention(
     ``sdpa`` (the model's: grouped rows, additive mask, SDPA's memory-efficient kernel), ``math`` (the same
     rows as two batched products and a softmax in fp32) and ``flash_exact`` (FlashAttention over exactly the
     cached keys, no mask: what a kernel taking per-row key lengths could reach)."""
-    from services.rollout_actor.model import _grouped_attention
-
     dev = torch.device("cuda")
     h, kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     g = h // kv
@@ -244,7 +243,7 @@ def time_decode_attention(
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
             return F.scaled_dot_product_attention(qg, ke, ve)
 
-    variants = {"sdpa": lambda: _grouped_attention(q, k, v, mask), "math": math, "flash_exact": flash}
+    variants = {"sdpa": lambda: grouped_attention(q, k, v, mask), "math": math, "flash_exact": flash}
     ref = variants["sdpa"]().float().reshape(batch, kv, g, d)
     out = {"keys": keys}
     for name, fn in variants.items():

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from services.rollout_actor.model import Attention, Transformer, _apply_rope, _sdpa, rope_cos_sin
+from services.rollout_actor.attention import sdpa
+from services.rollout_actor.model import Attention, Transformer, _apply_rope, rope_cos_sin
 
 __all__ = ["PackedBatch", "pack_samples", "packed_logits", "PackedPolicy"]
 
@@ -168,7 +169,7 @@ def _packed_attention(attn: Attention, h, cos, sin, segments, masks) -> torch.Te
     i = 0
     for _, p, blocks in segments:
         kp, vp = ks[i], vs[i]
-        outs.append(_sdpa(qs[i], kp, vp, is_causal=True, enable_gqa=gqa))
+        outs.append(sdpa(qs[i], kp, vp, is_causal=True, enable_gqa=gqa))
         i += 1
         for _, bn in blocks:
             j, i = i, i + 1
@@ -178,7 +179,7 @@ def _packed_attention(attn: Attention, h, cos, sin, segments, masks) -> torch.Te
             mask = masks.get((p, bn))
             if mask is None:
                 mask = masks[(p, bn)] = _prefix_causal_mask(p, bn, h.device)
-            outs.append(_sdpa(qs[j], kk, vv, attn_mask=mask, enable_gqa=gqa))
+            outs.append(sdpa(qs[j], kk, vv, attn_mask=mask, enable_gqa=gqa))
     out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]  # [1, heads, N, D], packed order
     return attn.o_proj(out.transpose(1, 2).reshape(n, -1))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.rollout_actor.attention import grouped_attention
 from services.rollout_actor.cuda_graphs import (
     CudaGraphPool,
     GraphedForward,
@@ -14,7 +15,7 @@ from services.rollout_actor.cuda_graphs import (
     kv_len_buckets,
 )
 from services.rollout_actor.engine import Engine, GenerationRequest, SamplingParams
-from services.rollout_actor.model import Transformer, _grouped_attention, init_weights
+from services.rollout_actor.model import Transformer, init_weights
 from services.rollout_actor.speculative.ngram import NgramDrafter
 from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy
 from services.rollout_actor.speculative.suffix_tree import SuffixTreeDrafter
@@ -434,7 +435,7 @@ def test_cuda_grouped_attention_matches_sdpa(b, heads, kv, t, k_len):
     causal = torch.ones(t, k_len, dtype=torch.bool, device="cuda").tril(k_len - t)
     mask = causal.expand(b, 1, t, k_len)
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-    torch.testing.assert_close(_grouped_attention(q, k, v, mask), ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(grouped_attention(q, k, v, mask), ref, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""The cached forward's FlashAttention path (``model._flash_attention``): each (row, KV head) as one sequence of
+"""The cached forward's FlashAttention path (``attention.flash_attention``): each (row, KV head) as one sequence of
 FlashAttention-2's variable-length kernel over that slot's keys in place. On CPU the kernel is replaced by a
 reference with its contract (queries ``cu_q[i]..``, keys from ``cu_k[i]``, ``used_k[i]`` of them, causal
 aligned to the end), which checks the layout: slots out of order, rows of different lengths, decode and chain
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from services.rollout_actor import model as model_mod
+from services.rollout_actor import attention as attn_mod
 from services.rollout_actor.engine import Engine, GenerationRequest, SamplingParams
 from services.rollout_actor.model import Transformer, init_weights
 from tests.conftest import tiny_config
@@ -34,9 +34,9 @@ def varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, used_k):
 @pytest.fixture
 def forced_flash(monkeypatch):
     """The flash path on CPU in fp32, with the reference kernel."""
-    monkeypatch.setattr(model_mod, "_varlen_flash", varlen_reference)
+    monkeypatch.setattr(attn_mod, "varlen_flash", varlen_reference)
     monkeypatch.setattr(
-        model_mod, "flash_attention_applies", lambda x, cache, mask: cache is not None and mask is None
+        attn_mod, "flash_attention_applies", lambda x, cache_k, mask: cache_k is not None and mask is None
     )
 
 
@@ -65,10 +65,10 @@ def test_flash_layout_equals_the_masked_path(monkeypatch, width, kv_len):
     s = torch.tensor(slots)
     want_cache = _cache(m, prompts, slots)
     want = m(ids, cache=want_cache, slots=s, kv_len=kv_len, hidden_layers=(1,))
-    monkeypatch.setattr(model_mod, "_varlen_flash", varlen_reference)
+    monkeypatch.setattr(attn_mod, "varlen_flash", varlen_reference)
     calls = []
     monkeypatch.setattr(
-        model_mod, "flash_attention_applies", lambda x, cache, mask: calls.append(1) or mask is None
+        attn_mod, "flash_attention_applies", lambda x, cache_k, mask: calls.append(1) or mask is None
     )
     got_cache = _cache(m, prompts, slots)
     got = m(ids, cache=got_cache, slots=s, kv_len=kv_len, hidden_layers=(1,))
@@ -81,7 +81,7 @@ def test_flash_layout_equals_the_masked_path(monkeypatch, width, kv_len):
     tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool).expand(3, 3, 3)
     if width == 3:
         a = m(ids, cache=got_cache, slots=s, attn_mask=tree).logits
-        monkeypatch.setattr(model_mod, "flash_attention_applies", lambda x, cache, mask: False)
+        monkeypatch.setattr(attn_mod, "flash_attention_applies", lambda x, cache_k, mask: False)
         torch.testing.assert_close(a, m(ids, cache=got_cache, slots=s, attn_mask=tree).logits)
 
 
@@ -108,7 +108,7 @@ def test_engine_with_flash_attention_generates_what_it_generates_without(forced_
         kw = dict(max_batch_size=3, max_seq_len=40, eos_token_ids=[], drafters=drafters)
         on = Engine(m, selector=selector, **kw).generate(_requests())
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(model_mod, "flash_attention_applies", lambda x, cache, mask: False)
+            mp.setattr(attn_mod, "flash_attention_applies", lambda x, cache_k, mask: False)
             off = Engine(m, selector=selector, **kw).generate(_requests())
         assert [o.token_ids for o in on] == [o.token_ids for o in off]
         for a, b in zip(on, off):
@@ -121,14 +121,14 @@ def test_engine_with_flash_attention_generates_what_it_generates_without(forced_
 @torch.inference_mode()
 def test_cuda_flash_attention_matches_the_masked_path(width):
     m = _model(head_dim=64).cuda().to(torch.bfloat16)
-    assert model_mod.flash_attention_applies(m.lm_head.weight, m.new_cache(1, 8), None)
+    assert attn_mod.flash_attention_applies(m.lm_head.weight, m.new_cache(1, 8).k, None)
     prompts, slots = [[5, 6, 7, 8, 9] * 7, [11, 12], [3, 4, 5, 6, 7, 8, 9, 10, 11]], [4, 1, 2]
     s = torch.tensor(slots, device="cuda")
     ids = torch.randint(0, 64, (3, width), generator=torch.Generator().manual_seed(width)).cuda()
 
     def run(flash: bool, kv_len=None):
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(model_mod, "FLASH_ATTENTION", flash)
+            mp.setattr(attn_mod, "FLASH_ATTENTION", flash)
             cache = _cache(m, prompts, slots)
             return m(ids, cache=cache, slots=s, kv_len=kv_len, hidden_layers=(1,)).hidden[1].float()
 

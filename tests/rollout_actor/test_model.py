@@ -135,7 +135,7 @@ def test_grouped_attention_equals_sdpa_gqa(t):
     with a per-row tree mask over the new tokens."""
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-    from services.rollout_actor.model import _grouped_attention
+    from services.rollout_actor.attention import grouped_attention
 
     g = torch.Generator().manual_seed(5)
     b, h, kv, d, k = 3, 6, 2, 8, 11
@@ -144,7 +144,7 @@ def test_grouped_attention_equals_sdpa_gqa(t):
     mask = torch.rand(b, 1, t, k, generator=g) < 0.6
     mask[..., 0] = True  # every row sees at least one key
     want = sdpa(q, kk, vv, attn_mask=mask, enable_gqa=True)
-    got = _grouped_attention(q, kk, vv, mask)
+    got = grouped_attention(q, kk, vv, mask)
     assert got.shape == want.shape and (got - want).abs().max().item() <= 1e-5
     # a different head -> KV-head assignment (not the contiguous groups GQA uses) does not match: not vacuous
     wrong = sdpa(q, kk.repeat(1, h // kv, 1, 1), vv.repeat(1, h // kv, 1, 1), attn_mask=mask)
@@ -156,7 +156,7 @@ def test_logits_match_with_cache_at_grouped_batch(pair, slots):
     """From GROUPED_ATTENTION_MIN_BATCH rows the cached forward takes the grouped attention path: decode and
     multi-token chunks of 9 rows, consecutive slots (KV read as a view) or scattered (gathered), equal the
     reference's full pass."""
-    from services.rollout_actor.model import GROUPED_ATTENTION_MIN_BATCH
+    from services.rollout_actor.attention import GROUPED_ATTENTION_MIN_BATCH
 
     name, ref, ours = pair
     assert len(slots) >= GROUPED_ATTENTION_MIN_BATCH
@@ -176,7 +176,7 @@ def test_logits_match_with_cache_at_grouped_batch(pair, slots):
 def test_rows_of_unequal_lengths_attend_over_their_own_keys_and_match_the_reference(pair):
     """A cached step whose rows hold very different numbers of keys (per_row_pays: each row attends over its own
     keys, scattered slots) gives every row the logits of the reference's full pass over that row alone."""
-    from services.rollout_actor.model import per_row_pays
+    from services.rollout_actor.attention import per_row_pays
 
     name, ref, ours = pair
     lengths, t, slots = [120, 8, 60, 20], 6, [5, 0, 3, 1]
