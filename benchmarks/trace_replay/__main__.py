@@ -195,6 +195,7 @@ def run(args: argparse.Namespace) -> dict:
             )
             bench = ReplayBench(model, problems, batch, args.longtail_batch, args.seed, warm_problems)
             warm = bench.warm(args.warm_passes, decode_history=not args.history_from_trace)
+            tuner = {"after_warm_up": bench.tuner_snapshot()}
             history = (
                 f"exact history {warm['exact']}/{warm['history_requests']}"
                 if warm["history_decoded"]
@@ -219,6 +220,7 @@ def run(args: argparse.Namespace) -> dict:
                         flush=True,
                     )
             summary = report.summarize(runs, args.configs)
+            tuner["after_rounds"] = bench.tuner_snapshot()
             head = report.headline(dev_name, shape, batch, summary)
             result["results"].append(
                 {
@@ -229,6 +231,7 @@ def run(args: argparse.Namespace) -> dict:
                     "max_seq_len": bench.engine.max_seq_len,
                     "workload": desc,
                     "warm": warm,
+                    "tuner": tuner,  # the adaptive policy's table per bucket (ReplayBench.tuner_snapshot)
                     "summary": summary,
                     "runs": [r.to_dict() for r in runs],
                 }

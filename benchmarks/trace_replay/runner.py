@@ -402,6 +402,21 @@ class ReplayBench:
             self._learn()
         return res
 
+    def tuner_snapshot(self) -> list[dict]:
+        """The adaptive policy's table as the JSON keeps it: per bucket of active batch size its best arm and each
+        arm's throughput in the table's window (tokens/s over its records, the record count). Empty before
+        ``warm``."""
+        if self.adaptive is None:
+            return []
+        out = []
+        for row in self.adaptive.table["buckets"]:
+            rates = {
+                arm: [w[1] / w[2] if w[2] > 0 else None, int(w[0])]
+                for arm, w in row.get("windows", {}).items()
+            }
+            out.append({"lo": row["lo"], "hi": row["hi"], "best": row["best"], "rates": rates})
+        return out
+
     def outputs(self, config: str) -> tuple[list[GenerationRequest], list[RequestOutput]]:
         """The measured epoch's requests and outputs under ``config`` (a fixed arm or plain), untimed: for
         checking replay against the trace."""

@@ -66,6 +66,22 @@ def test_headline_schema(result):
         assert h["exact_fraction"] == 1.0
 
 
+def test_the_tuner_table_is_kept_per_bucket(result):
+    """The adaptive policy's table after the warm-up and after the rounds: per bucket its best arm and each arm's
+    throughput over its records, the buckets in order and covering the batch sizes from 1."""
+    res, _ = result
+    for blk in res["results"]:
+        for when in ("after_warm_up", "after_rounds"):
+            rows = blk["tuner"][when]
+            assert rows[0]["lo"] == 1 and all(a["hi"] == b["lo"] for a, b in zip(rows, rows[1:]))
+            for row in rows:
+                assert isinstance(row["best"], str) and row["best"]  # may be borrowed from a neighbour bucket
+                for rate, records in row["rates"].values():
+                    assert records >= 0 and (rate is None or rate > 0)
+        played = [r["rates"] for r in blk["tuner"]["after_rounds"] if r["lo"] <= blk["batch"]]
+        assert any(played)  # the rounds left records in the buckets they reached
+
+
 def test_speedups_from_measured_times(result):
     res, _ = result
     for blk in res["results"]:
