@@ -95,8 +95,9 @@ FLASH_ATTENTION = os.environ.get("TAILSPEC_FLASH_ATTENTION", "1") != "0"
 def flash_attention_applies(
     x: torch.Tensor, cache_k: torch.Tensor | None, attn_mask: torch.Tensor | None
 ) -> bool:
-    """Whether the cached forward of activations ``x`` uses ``flash_attention``: on CUDA, fp16 / bf16, a
-    causal (chain) step, a head size FlashAttention-2 takes, and ``FLASH_ATTENTION`` on."""
+    """Whether a cached forward of activations ``x`` over a KV cache whose keys are ``cache_k`` (``KVCache.k``;
+    None: no cache) uses ``flash_attention``: on CUDA, fp16 / bf16, a causal (chain) step (``attn_mask`` None), a
+    head size FlashAttention-2 takes, and ``FLASH_ATTENTION`` on."""
     return (
         FLASH_ATTENTION
         and cache_k is not None
