@@ -8,6 +8,7 @@ attention with each KV head's query heads stacked (``grouped_attention``), one r
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -120,25 +121,40 @@ def varlen_flash(q, k, v, cu_q, cu_k, max_q: int, max_k: int, used_k) -> torch.T
     )[0]
 
 
-def flash_attention(
-    q: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor, slots: torch.Tensor, used: torch.Tensor, max_k: int
-) -> torch.Tensor:
+@dataclass(frozen=True)
+class FlashBatch:
+    """``flash_attention``'s index tensors for one forward (the same in every layer, built once): each (row, KV
+    head) is one sequence of ``varlen_flash``, its G = H / KV query heads over T tokens against the keys of that
+    slot and head, which sit at row ``(slot * KV + head) * L`` of the flattened layer cache (the lengths come
+    from ``used_k``, so these starts need not increase)."""
+
+    cu_q: torch.Tensor  # [B*KV + 1] int32: query rows of sequence i start at cu_q[i]
+    cu_k: torch.Tensor  # [B*KV + 1] int32: key rows of sequence i start at cu_k[i] (the last entry unused)
+    used_k: torch.Tensor  # [B*KV] int32: keys sequence i attends
+    max_k: int  # >= max(used_k)
+
+    @staticmethod
+    def of(slots: torch.Tensor, used: torch.Tensor, t: int, kv: int, length: int, max_k: int) -> FlashBatch:
+        """For rows in cache ``slots [B]`` (long) attending ``used [B]`` keys each (committed + T; new token t
+        sees the first ``used - T + t + 1``), T new tokens, ``kv`` KV heads, cache slots of ``length``
+        positions."""
+        b, dev = slots.numel(), slots.device
+        cu_q = torch.arange(0, (b * kv + 1) * t, t, dtype=torch.int32, device=dev)
+        start = (slots.view(b, 1) * kv + torch.arange(kv, device=dev)).view(-1) * length
+        cu_k = torch.cat([start, start[-1:]]).to(torch.int32)
+        used_k = used.view(b, 1).expand(b, kv).reshape(-1).to(torch.int32)
+        return FlashBatch(cu_q, cu_k, used_k, max_k)
+
+
+def flash_attention(q: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor, fb: FlashBatch) -> torch.Tensor:
     """Attention of T new tokens per row over that row's own cached keys, read in place from the slot cache.
 
     q ``[B, H, T, D]`` (rotary applied), ck / cv one layer's cache ``[slots, KV, L, D]`` holding the new tokens'
-    keys / values already, slots ``[B]`` long, used ``[B]`` the keys row b attends (committed + T; new token t
-    sees the first ``used - T + t + 1``), max_k >= max(used). Each (row, KV head) is one sequence of
-    ``varlen_flash``: its G = H / KV query heads over T tokens against the keys of that slot and head, which sit
-    at row ``(slot * KV + head) * L`` of the flattened cache (the lengths come from ``used``, so these starts
-    need not increase). No gather and no mask. Returns ``[B, H, T, D]``."""
+    keys / values already, fb the forward's ``FlashBatch``. No gather and no mask. Returns ``[B, H, T, D]``."""
     b, h, t, d = q.shape
     n_slots, kv, length, _ = ck.shape
     g = h // kv
     qs = q.view(b, kv, g, t, d).permute(0, 1, 3, 2, 4).reshape(b * kv * t, g, d)
-    cu_q = torch.arange(0, (b * kv + 1) * t, t, dtype=torch.int32, device=q.device)
-    start = (slots.view(b, 1) * kv + torch.arange(kv, device=q.device)).view(-1) * length
-    cu_k = torch.cat([start, start[-1:]]).to(torch.int32)
-    used_k = used.view(b, 1).expand(b, kv).reshape(-1).to(torch.int32)
     flat = (n_slots * kv * length, 1, d)
-    out = varlen_flash(qs, ck.view(flat), cv.view(flat), cu_q, cu_k, t, max_k, used_k)
+    out = varlen_flash(qs, ck.view(flat), cv.view(flat), fb.cu_q, fb.cu_k, t, fb.max_k, fb.used_k)
     return out.view(b, kv, t, g, d).permute(0, 1, 3, 2, 4).reshape(b, h, t, d)

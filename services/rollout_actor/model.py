@@ -289,8 +289,8 @@ class Attention(nn.Module):
             # write new K/V at [slot, :, lengths[slot] + t], then read the slots' prefixes (to the longest row's end)
             cache.k[layer][slots.unsqueeze(1), :, write_pos] = k.transpose(1, 2).to(cache.k.dtype)
             cache.v[layer][slots.unsqueeze(1), :, write_pos] = v.transpose(1, 2).to(cache.v.dtype)
-            if isinstance(mask, tuple):  # (used [B], max_k): attention.flash_attention_applies
-                out = attention.flash_attention(q, cache.k[layer], cache.v[layer], slots, *mask)
+            if isinstance(mask, attention.FlashBatch):  # attention.flash_attention_applies
+                out = attention.flash_attention(q, cache.k[layer], cache.v[layer], mask)
                 return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
             if isinstance(kv_read, list):  # (slot, keys) per row: each row over its own keys (per_row_pays)
                 out = per_row_attention(q, cache.k[layer], cache.v[layer], mask, kv_read)
@@ -425,7 +425,8 @@ class Transformer(nn.Module):
             if positions is None:
                 positions = write_pos
         if cache is not None and attention.flash_attention_applies(self.lm_head.weight, cache.k, attn_mask):
-            mask = (base + t, kmax)  # each row's own keys, read in place: attention.flash_attention
+            # each row's own keys, read in place (attention.flash_attention); the index tensors once per forward
+            mask = attention.FlashBatch.of(slots, base + t, t, cfg.num_key_value_heads, cache.max_len, kmax)
         elif cache is not None:
             key_idx = torch.arange(kmax, device=input_ids.device)
             committed = key_idx.view(1, 1, kmax) < base.view(b, 1, 1)  # [B, 1, K]
