@@ -365,11 +365,12 @@ class Engine(AdmissionMixin):
         t_forward = time.perf_counter() - tf
         if batch.n:
             nxt, paths = self._verify(batch, self._target_probs(batch, out.logits))
-            logps = committed_logprobs(batch, out.logits, nxt, paths)
         else:  # a plain step: sample each row's next token, as admission samples the first
             nxt, lps = self._sample_rows(out.logits[:, 0], rows, batch.sampling)
-            paths, logps = [[] for _ in rows], [[lp] for lp in lps]
-        finished, committed, drafted, accepted = self._commit_step(batch, out, nxt, paths, logps)
+            paths = [[] for _ in rows]
+        rows_idx, toks = committed_rows(batch, nxt, paths)
+        logps = committed_logprobs(batch, out.logits, rows_idx, toks) if batch.n else [[lp] for lp in lps]
+        finished, committed, drafted, accepted = self._commit_step(batch, out, paths, rows_idx, toks, logps)
         seconds = time.perf_counter() - t0
         cpu = time.process_time() - c0 if self.cpu_clock else None
         captured = self.graphed.pool.stats.capture_seconds - capture0 if self.graphed is not None else 0.0
@@ -498,13 +499,19 @@ class Engine(AdmissionMixin):
         return res.next_token.tolist(), res.accepted_nodes
 
     def _commit_step(
-        self, batch: VerifyBatch, out, nxt: list[int], paths: list[list[int]], logps: list[list[float]]
+        self,
+        batch: VerifyBatch,
+        out,
+        paths: list[list[int]],
+        rows_idx: list[list[int]],
+        toks: list[list[int]],
+        logps: list[list[float]],
     ) -> tuple[list[RequestOutput], int, int, int]:
-        """Commit each row's accepted nodes and next token (``logps``: their logprobs): KV (roll back the rest,
-        compact a tree path), logprobs, hidden states, counters, stops. Returns (finished outputs, committed,
-        drafted, accepted)."""
+        """Commit each row's accepted nodes (``paths``) and next token: the committed tokens ``toks``, the input
+        rows that predicted them ``rows_idx`` (``committed_rows``) and their logprobs ``logps``. KV (roll back the
+        rest, compact a tree path), logprobs, hidden states, counters, stops. Returns (finished outputs,
+        committed, drafted, accepted)."""
         rows, drafts, dev = batch.rows, batch.drafts, self.device
-        rows_idx, toks = committed_rows(batch, nxt, paths)
         # KV: keep root + accepted nodes. A path 0, 1, 2, ... is already in place (the common case: only the
         # length moves); a tree path is compacted into consecutive positions.
         contiguous = [path == list(range(len(path))) for path in paths]

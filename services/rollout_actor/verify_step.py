@@ -143,11 +143,10 @@ def committed_rows(
 
 
 def committed_logprobs(
-    batch: VerifyBatch, logits: torch.Tensor, nxt: list[int], paths: list[list[int]]
+    batch: VerifyBatch, logits: torch.Tensor, rows_idx: list[list[int]], toks: list[list[int]]
 ) -> list[list[float]]:
-    """The logprob (``sampling.logprobs``) of each token a verified row commits, from ``logits [B, N+1, V]`` at
-    the input rows that predicted them (``committed_rows``). One device read."""
-    rows_idx, toks = committed_rows(batch, nxt, paths)
+    """The logprob (``sampling.logprobs``) of each token ``toks[b]`` a verified row commits, from ``logits [B,
+    N+1, V]`` at the input rows ``rows_idx[b]`` that predicted them (``committed_rows``). One device read."""
     dev = logits.device
     flat_b = torch.tensor([i for i, ri in enumerate(rows_idx) for _ in ri], device=dev)
     flat_r = torch.tensor([x for ri in rows_idx for x in ri], device=dev)
