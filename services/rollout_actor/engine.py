@@ -458,6 +458,7 @@ class Engine(AdmissionMixin):
             slots=batch.slots,
             attn_mask=batch.mask,
             hidden_layers=self.hidden_layers,
+            row_lengths=[len(d) + 1 for d in batch.drafts] if batch.n else None,  # packed when it pays
         )
 
     def _target_probs(self, batch: VerifyBatch, logits: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,8 @@ Attention of new token i of row b may see every committed position of its slot p
 tree's nodes take ``length + depth`` while sitting at consecutive cache positions.
 On CUDA in fp16 / bf16 a causal step (plain decode, chain verify, prefill) attends with FlashAttention-2 over each
 row's own keys in place (``attention.flash_attention``); a tree mask, CPU or fp32 build the mask and gather the keys.
+On CPU a verify batch whose rows hold different numbers of real tokens (``row_lengths``) runs packed, without its
+padding (``ragged.py``).
 
 Check against transformers: ``tests/rollout_actor/test_model.py``.
 """
@@ -43,6 +45,7 @@ from services.rollout_actor.attention import (
     sdpa,
 )
 from services.rollout_actor.fused import fused_linear
+from services.rollout_actor.ragged import RaggedBatch, ragged_attention, ragged_pays
 
 SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM", "Qwen3ForCausalLM")
 _REQUIRED_KEYS = (
@@ -285,6 +288,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        if isinstance(mask, RaggedBatch):  # packed rows (ragged.py): writes K/V, each row over its own keys
+            return self.o_proj(ragged_attention(q, k, v, cache, layer, mask))
         if cache is not None:
             # write new K/V at [slot, :, lengths[slot] + t], then read the slots' prefixes (to the longest row's end)
             cache.k[layer][slots.unsqueeze(1), :, write_pos] = k.transpose(1, 2).to(cache.k.dtype)
@@ -373,6 +378,7 @@ class Transformer(nn.Module):
         logits_at: torch.Tensor | None = None,
         kv_len: int | None = None,
         head: bool = True,
+        row_lengths: Sequence[int] | None = None,
     ) -> ForwardOutput:
         """Run the decoder.
 
@@ -395,6 +401,9 @@ class Transformer(nn.Module):
                 (``cuda_graphs.GraphedForward``). Default: ``max(lengths[slots]) + T``, checked on the host.
             head: False skips the output head (``logits`` is None; ask for the final state with
                 ``hidden_layers``): ``GraphedForward`` runs it after the graph, which then holds no logits.
+            row_lengths: ``[B]`` ints, the real tokens of each row (the rest is padding): on CPU with a cache,
+                when ``ragged_pays``, the forward packs them (``ragged.py``); logits and hidden states at
+                padding are then 0.
 
         Returns:
             ``ForwardOutput``. Raises ``ValueError`` when the cache would overflow.
@@ -424,7 +433,19 @@ class Transformer(nn.Module):
             write_pos = base.unsqueeze(1) + torch.arange(t, device=input_ids.device)  # [B, T]
             if positions is None:
                 positions = write_pos
-        if cache is not None and attention.flash_attention_applies(self.lm_head.weight, cache.k, attn_mask):
+        ragged = (
+            row_lengths is not None
+            and cache is not None
+            and kv_len is None
+            and not (last_only or logits_at is not None or input_ids.is_cuda)
+            and ragged_pays(b, t, row_lengths)
+        )
+        if ragged:
+            groups = cfg.num_attention_heads // cfg.num_key_value_heads
+            dtype = self.lm_head.weight.dtype
+            mask = RaggedBatch.of(slots, base, row_lengths, t, groups, attn_mask, dtype)
+            input_ids, positions = mask.pack(input_ids), mask.pack(positions)
+        elif cache is not None and attention.flash_attention_applies(self.lm_head.weight, cache.k, attn_mask):
             # each row's own keys, read in place (attention.flash_attention); the index tensors once per forward
             mask = attention.FlashBatch.of(slots, base + t, t, cfg.num_key_value_heads, cache.max_len, kmax)
         elif cache is not None:
@@ -462,8 +483,12 @@ class Transformer(nn.Module):
         x = self.model.norm(x)
         if cfg.num_hidden_layers in want:
             hidden[cfg.num_hidden_layers] = x
+        if ragged:
+            hidden = {i: mask.unpack(h, b, t) for i, h in hidden.items()}
         if not head:
             return ForwardOutput(None, hidden)
+        if ragged:
+            return ForwardOutput(mask.unpack(self.lm_head(x), b, t), hidden)
         if last_only:
             x = x[:, -1:]
         elif logits_at is not None:
