@@ -137,8 +137,8 @@ def test_budget_config_errors(kwargs, fragment):
 
 
 def test_budget_config_from_dict():
-    cfg = BudgetConfig.from_dict({"long": 24, "step_quota": 256}, source="run.yaml")
-    assert (cfg.long, cfg.medium, cfg.short, cfg.step_quota) == (24, 8, 4, 256)
+    cfg, dflt = BudgetConfig.from_dict({"long": 24, "step_quota": 256}, source="run.yaml"), BudgetConfig()
+    assert (cfg.long, cfg.medium, cfg.short, cfg.step_quota) == (24, dflt.medium, dflt.short, 256)
     with pytest.raises(TunerConfigError, match=r"run.yaml: tuner.budgets: unknown key\(s\) \['quota'\]"):
         BudgetConfig.from_dict({"quota": 5}, source="run.yaml")
     with pytest.raises(TunerConfigError, match=r"^run.yaml: tuner.budgets.long"):
