@@ -4,13 +4,15 @@
 decode step, in the active batch size's bucket of its copy of the central table (``bandit.py``), it plays the
 first candidate (a ``probe`` arm, rotated by the seed; else a longer chain of the best's drafter without its
 own estimate, shortest first; else the ``explore`` arm with the highest ``R + z * se``) when the bucket's
-*regret budget* pays for it, or a candidate whose expected extra time is nil (``_pick``); else the bucket's
-*best*: the table's, re-judged on estimates that continue the table's windows with this selector's own steps
-(counterfactual records of the played arm's ``prefix_chains`` included, ``_counterfactual``): the table's best
-while it stays reliably faster than off, unless another arm is reliably faster than it (switching on a point
-estimate chases noise); else the fastest arm reliably faster than off, else off. Draft lengths are capped by
-the length-aware budgets (``budgets.py``). *Lease*: when the best is off and nothing may be explored, the
-engine plays the bucket's next steps plain without asking (``Lease``; every ``sample_every``-th timed).
+*regret budget* pays for it, or a candidate whose expected extra time is nil (``_pick``; an arm with too few
+records in the bucket costs nothing in expectation when its speed-up over off in the nearest bucket beats the
+best's, ``_extra``); else the bucket's *best*: the table's, re-judged on estimates that continue the table's
+windows with this selector's own steps (counterfactual records of the played arm's ``prefix_chains`` included,
+``_counterfactual``): the table's best while it stays reliably faster than off, unless another arm is reliably
+faster than it (switching on a point estimate chases noise); else the fastest arm reliably faster than off, else
+off. Draft lengths are capped by the length-aware budgets (``budgets.py``). *Lease*: when the best is off and
+nothing may be explored, the engine plays the bucket's next steps plain without asking (``Lease``; every
+``sample_every``-th timed).
 *Seconds* (``clock``): ``"thread"``: the decoding thread's CPU time from ``choose`` to ``observe``;
 ``"engine"``: the engine's wall time (needed on CUDA); ``"auto"``: thread without CUDA, else engine. A step
 that captured a CUDA graph is counted, not timed. docs/tuner.md gives the reasons.
@@ -26,7 +28,7 @@ from typing import Any
 from services.rollout_actor.speculative.base import DraftRequest
 from services.rollout_actor.speculative.strategy import OFF, Lease, StepObservation, Strategy
 from services.tuner.arms import Arm, Drafter, TunerConfigError
-from services.tuner.bandit import BanditConfig, RateWindow, bucket_index, faster
+from services.tuner.bandit import BanditConfig, RateWindow, bucket_index, estimate_from_sums, faster
 from services.tuner.budgets import BudgetConfig, LengthBudgets
 
 CLOCKS = ("auto", "thread", "engine")
@@ -122,6 +124,27 @@ class StrategySelector:
         self._empty = RateWindow(self.window)
         self._own: dict[int, dict[str, RateWindow]] = {}  # bucket -> arm -> this selector's records
         self._accounts: dict[int, _Account] = {}
+        self._speedups = self._nearest_speedups()
+
+    def _nearest_speedups(self) -> list[dict[str, float]]:
+        """Per bucket, each drafting arm's throughput over off's in the nearest bucket (itself first, then the
+        closer, the smaller) where the table's windows give both an estimate, when it is reliably faster there:
+        ``_extra``'s prior for an arm with too few records in a bucket."""
+        ests = []
+        for row in self._rows:
+            sums = row.get("windows", {})
+            ests.append(
+                {n: e for n, w in sums.items() if (e := estimate_from_sums(w[0], w[1:], self.min_samples))}
+            )
+        out: list[dict[str, float]] = []
+        for i in range(len(ests)):
+            near, ratios = sorted(range(len(ests)), key=lambda j: (abs(j - i), j)), {}
+            for name in (n for n, a in self._arms.items() if not a.is_off):
+                j = next((j for j in near if name in ests[j] and OFF.name in ests[j]), None)
+                if j is not None and faster(ests[j][name], ests[j][OFF.name], self.z):
+                    ratios[name] = ests[j][name][0] / ests[j][OFF.name][0]
+            out.append(ratios)
+        return out
 
     def record_lengths(self, items: list[tuple[str, int]]) -> None:
         """Finished responses ``(problem_id, generated tokens)``: the per-problem length history (DAS)."""
@@ -160,9 +183,18 @@ class StrategySelector:
     def _extra(self, i: int, name: str, rate: float, acc: _Account) -> float:
         """A step of ``name``'s expected seconds beyond the best's for the same tokens, ``s * (1 - R / R_best)``
         from its mean step seconds ``s`` and throughput ``R`` (this selector's window, else the table's); one
-        step of the best for an arm without either."""
+        step of the best for an arm without either. An arm with fewer than ``min_samples`` records here whose
+        speed-up over off in the nearest bucket with both estimates (``_nearest_speedups``: reliably faster
+        there), times off's throughput here, beats the best's is expected to cost nothing: a bucket that gets
+        few steps (the tail's single requests) could otherwise never afford the arms its neighbours show
+        faster."""
         w = self._own.get(i, {}).get(name)
         sums = w.sums() if w is not None else self._rows[i].get("windows", {}).get(name)
+        if (not sums or sums[0] < self.min_samples) and (speedup := self._speedups[i].get(name)):
+            off = self._own.get(i, {}).get(OFF.name, self._empty)
+            est = off.estimate(self.min_samples, self._rows[i].get("windows", {}).get(OFF.name))
+            if est is not None and speedup * est[0] > rate:
+                return 0.0
         return acc.step if not sums or sums[2] <= 0 else (sums[2] - sums[1] / rate) / sums[0]
 
     def _owed(self, i: int, extra: float, acc: _Account) -> float:

@@ -354,3 +354,36 @@ def test_the_tables_best_is_kept_until_another_arm_is_reliably_faster_than_it():
     # Y now commits twice X's tokens: reliably faster within a few steps, it becomes the best
     steps = [step(4.0) for _ in range(40)][10:]
     assert {a for a, explored in steps if not explored} == {Y}, steps
+
+
+@pytest.mark.parametrize("neighbour_speedup", [2.0, 0.5])
+def test_a_bucket_without_budget_tries_the_arm_its_nearest_bucket_shows_faster(neighbour_speedup):
+    # batch 1 (the tail's single requests) has the evidence of off and of an n-gram arm as fast, X untried and
+    # an overdrawn allowance; at batch 8 the table has X at `neighbour_speedup` x off's throughput. Now X pays
+    # at batch 1 (~1.8x). X shown faster next door is expected to cost nothing here: tried at once, then played
+    # on its own evidence; X shown slower waits for a budget that is not there (off, under a lease). (Before,
+    # X's cost was one step of off, which the overdrawn budget could not pay.)
+    ngram = "ngram-k3-w1"
+    arms = parse_arms(["off", X, ngram])
+    bandit = BucketedBandit(arms, BanditConfig(regret_budget=0.01))
+    for k in range(16):
+        s = 0.011 * (1.05 if k % 2 else 0.95)
+        bandit.observe(1, "off", 1, s)
+        bandit.observe(1, ngram, 1, s)
+        bandit.observe(8, "off", 8, 0.012 * (1.05 if k % 2 else 0.95))
+        bandit.observe(8, X, 8 * neighbour_speedup, 0.012 * (1.05 if k % 2 else 0.95))
+    table = bandit.table()
+    row = table["buckets"][bandit.bucket_of(1)]
+    assert row["best"] == "off" and X in row["probe"]
+    row["allowance"] = -0.5  # seconds
+    now = CostModel(
+        profiles={X: ArmProfile(alpha=0.9, draft_ms_per_request=0.1), ngram: ArmProfile(alpha=0.05)}
+    )
+    assert now.seconds_per_token(BY_NAME["off"], 1) > 1.5 * now.seconds_per_token(BY_NAME[X], 1)
+    eng = SimEngine(StrategySelector(table, clock="engine"), now, seed=3)
+    played = [s.arm for s in eng.run([1] * 60)]
+    if neighbour_speedup > 1:
+        # the first step times the best under this table (nothing is explored before), the second tries X
+        assert played[:2] == ["off", X] and played.count(X) >= 0.8 * len(played), played[:20]
+    else:
+        assert set(played) == {"off"}, played[:20]
