@@ -53,7 +53,7 @@ class BanditConfig(Settings):
     window: int = 64
     min_samples: int = 4
     z: float = 2.0
-    regret_budget: float = 0.01
+    regret_budget: float = 0.005
     ban_steps: int = 64
     horizon: int = 2048
 
