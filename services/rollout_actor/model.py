@@ -412,6 +412,14 @@ class Transformer(nn.Module):
         cfg = self.config
         # cache reads: consecutive slots (a view), None (gather by slots), or (slot, keys) per row (per_row_pays)
         write_pos = mask = kv_read = None
+        # packed rows (ragged.py) read each row's keys themselves: no kv_read to choose
+        ragged = (
+            row_lengths is not None
+            and cache is not None
+            and kv_len is None
+            and not (last_only or logits_at is not None or input_ids.is_cuda)
+            and ragged_pays(b, t, row_lengths)
+        )
         if cache is not None:
             if slots is None:
                 raise ValueError("slots is required with a cache")
@@ -422,9 +430,11 @@ class Transformer(nn.Module):
                 if kmax > cache.max_len:
                     raise ValueError(f"KV cache overflow: {kmax - t} + {t} > max_len {cache.max_len}")
                 first = int(slots[0])
-                if not input_ids.is_cuda and per_row_pays(b, t, keys):
+                if not ragged and not input_ids.is_cuda and per_row_pays(b, t, keys):
                     kv_read = list(zip(slots.tolist(), keys))
-                elif b == 1 or bool((slots == torch.arange(first, first + b, device=slots.device)).all()):
+                elif not ragged and (
+                    b == 1 or bool((slots == torch.arange(first, first + b, device=slots.device)).all())
+                ):
                     kv_read = slice(first, first + b)
             elif t <= kv_len <= cache.max_len:
                 kmax = kv_len
@@ -433,13 +443,6 @@ class Transformer(nn.Module):
             write_pos = base.unsqueeze(1) + torch.arange(t, device=input_ids.device)  # [B, T]
             if positions is None:
                 positions = write_pos
-        ragged = (
-            row_lengths is not None
-            and cache is not None
-            and kv_len is None
-            and not (last_only or logits_at is not None or input_ids.is_cuda)
-            and ragged_pays(b, t, row_lengths)
-        )
         if ragged:
             groups = cfg.num_attention_heads // cfg.num_key_value_heads
             dtype = self.lm_head.weight.dtype
