@@ -5,8 +5,8 @@ batch size*. A step's reward is its committed tokens per second of draft + verif
 it). Per bucket and arm:
 
 - estimate: throughput ``R = sum(tokens) / sum(seconds)`` over the arm's last ``window`` steps (a drafting
-  arm's within the bucket's last ``horizon`` steps), with its delta-method standard error; none below
-  ``min_samples`` steps (``estimate_from_sums``);
+  arm's within the last ``horizon`` decode steps of all buckets), with its delta-method standard error; none
+  below ``min_samples`` steps (``estimate_from_sums``);
 - ``a`` is reliably faster than ``b`` when ``R_a - R_b > z * hypot(se_a, se_b)`` (``faster``);
 - the row (``table()``): ``best`` is off unless an arm is reliably faster than off (then the fastest such
   arm; a bucket without drafting evidence plays the nearest such bucket's best); ``guarded``: arms reliably
@@ -14,6 +14,11 @@ it). Per bucket and arm:
   estimate; ``explore``: the others; ``allowance``: the regret budget left, ``regret_budget * time - spent``
   seconds, where ``time`` is the bucket's decode seconds and ``spent`` exploration's extra seconds over the
   best, ``sum(max(0, seconds - tokens / R_best))``.
+
+Records age in decode steps of *all* buckets (``BucketedBandit.steps``), not in the bucket's own: a bucket that
+gets a few steps per rollout (the tail's single requests) would otherwise keep records taken early in training
+(the policy changes what drafting wins) for the whole run. A ban counts the bucket's own steps: an arm shown
+slower there is retried after as many of that bucket's steps, which bounds its cost in each bucket.
 
 docs/tuner.md gives the reasons.
 """
@@ -31,7 +36,7 @@ from typing import Any
 from services.tuner.arms import OFF, Arm
 from services.tuner.settings import Settings, TunerConfigError, check_int, check_number
 
-STATE_FORMAT = 3
+STATE_FORMAT = 4
 
 
 @dataclass
@@ -41,8 +46,8 @@ class BanditConfig(Settings):
     bucket_edges: batch sizes where buckets start (bucket i: ``edges[i] <= b < edges[i + 1]``, the last
     open-ended); window: steps per arm in an estimate; min_samples: steps before an arm has an estimate;
     z: standard errors a difference must clear; regret_budget: exploration's extra time as a fraction of a
-    bucket's time; ban_steps: bucket steps of a first ban; horizon: the bucket steps a drafting arm's
-    estimate looks back.
+    bucket's time; ban_steps: bucket steps of a first ban; horizon: the decode steps (of all buckets) a
+    drafting arm's estimate looks back.
 
     Raises:
         TunerConfigError: a value out of range (the message names the key).
@@ -94,7 +99,7 @@ def faster(a: tuple[float, float], b: tuple[float, float], z: float) -> bool:
 
 
 class RateWindow:
-    """The last ``size`` (tokens, seconds, bucket step) records of one arm, with running sums (``estimate`` is
+    """The last ``size`` (tokens, seconds, step) records of one arm, with running sums (``estimate`` is
     O(1): the selector asks it on every decode step)."""
 
     def __init__(self, size: int, records: Iterable[Sequence[float]] = ()) -> None:
@@ -117,7 +122,7 @@ class RateWindow:
         self._add(tokens, seconds, 1.0)
 
     def expire(self, before: int) -> None:
-        """Drop the records taken before bucket step ``before``."""
+        """Drop the records taken before step ``before``."""
         while self.records and self.records[0][2] < before:
             self._add(*self.records.popleft()[:2], -1.0)
 
@@ -180,6 +185,7 @@ class BucketedBandit:
         self.arms = arms if any(a.is_off for a in arms) else [OFF, *arms]
         self.edges = list(self.cfg.bucket_edges)
         self._buckets = [_Bucket(self.arms, self.cfg.window) for _ in self.edges]
+        self.steps = 0  # decode steps observed in all buckets: the clock records age by
         self.version = 0
         self.dropped = 0  # observations of unknown arms
 
@@ -217,25 +223,26 @@ class BucketedBandit:
             steps, taken = max(1, int(ob.get("steps") or 1)), taken + 1
             tokens, seconds = float(ob["committed_tokens"]), float(ob["seconds"])
             bucket.steps += steps
+            self.steps += steps
             st.n += steps
             st.explored += bool(ob.get("explored"))
             sums = st.window.sums()
             bucket.time += steps * (seconds if seconds > 0 else sums[2] / max(1.0, sums[0]))
             if seconds > 0:
-                st.window.append(tokens, seconds, bucket.steps)
+                st.window.append(tokens, seconds, self.steps)
                 if ob.get("explored") and rates[i]:
                     bucket.spent += max(0.0, seconds - tokens / rates[i])
-        for i in rates:
-            self._judge(self._buckets[i])
+        for bucket in self._buckets:  # all: a bucket's records age while others are played
+            self._judge(bucket)
         return taken
 
     def _judge(self, bucket: _Bucket) -> None:
-        """Expire drafting arms' records older than ``horizon``; lift ended bans (the arm is probed afresh);
-        ban arms reliably slower than off."""
+        """Expire drafting arms' records older than ``horizon`` steps; lift ended bans (the arm is probed
+        afresh); ban arms reliably slower than off."""
         cfg = self.cfg
         off = bucket.arms[OFF.name].window.estimate(cfg.min_samples)
         for st in (st for name, st in bucket.arms.items() if name != OFF.name):  # off's cost does not drift
-            st.window.expire(bucket.steps - cfg.horizon)
+            st.window.expire(self.steps - cfg.horizon)
             if 0 <= st.banned_until <= bucket.steps:  # the ban ended: probed afresh
                 st.banned_until, st.window = -1, RateWindow(cfg.window)
             est = st.window.estimate(cfg.min_samples) if st.banned_until < 0 else None
@@ -333,8 +340,8 @@ class BucketedBandit:
         return len(names)
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serializable state: config, arms, per bucket its steps, time, spent and per arm window, counts
-        and ban."""
+        """JSON-serializable state: config, arms, the step count, per bucket its steps, time, spent and per arm
+        window, counts and ban."""
         buckets = [
             dict(
                 steps=b.steps,
@@ -345,7 +352,7 @@ class BucketedBandit:
             for b in self._buckets
         ]
         arms, cfg = [a.to_dict() for a in self.arms], self.cfg.to_dict()
-        return dict(format=STATE_FORMAT, config=cfg, arms=arms, buckets=buckets) | {
+        return dict(format=STATE_FORMAT, config=cfg, arms=arms, steps=self.steps, buckets=buckets) | {
             "version": self.version,
             "dropped": self.dropped,
         }
@@ -364,6 +371,7 @@ class BucketedBandit:
         edges = list(state.get("config", {}).get("bucket_edges", []))
         if edges != self.edges:
             raise TunerConfigError(f"state bucket_edges {edges} differ from this tuner's {self.edges}")
+        self.steps = int(state["steps"])
         for b, bst in zip(self._buckets, state["buckets"]):
             b.steps, b.time, b.spent = int(bst["steps"]), float(bst["time"]), float(bst["spent"])
             b.arms = {n: _Arm(self.cfg.window, bst["arms"].get(n), b.steps) for n in b.arms}

@@ -6,7 +6,8 @@ first candidate (a ``probe`` arm, rotated by the seed; else a longer chain of th
 own estimate, shortest first; else the ``explore`` arm with the highest ``R + z * se``) when the bucket's
 *regret budget* pays for it, or a candidate whose expected extra time is nil (``_pick``; an arm with too few
 records in the bucket costs nothing in expectation when its speed-up over off in the nearest bucket beats the
-best's, ``_extra``); else the bucket's *best*: the table's, re-judged on estimates that continue the table's
+best's, and so does a longer chain of the best's drafter while the best's drafts are mostly accepted whole,
+``_extra``); else the bucket's *best*: the table's, re-judged on estimates that continue the table's
 windows with this selector's own steps (counterfactual records of the played arm's ``prefix_chains`` included,
 ``_counterfactual``): the table's best while it stays reliably faster than off, unless another arm is reliably
 faster than it (switching on a point estimate chases noise); else the fastest arm reliably faster than off, else
@@ -35,6 +36,11 @@ CLOCKS = ("auto", "thread", "engine")
 # drafters whose chain of k nodes is the first k nodes of their longer chain (a budget cuts the draft)
 PREFIX_DRAFTERS = (Drafter.SUFFIX, Drafter.NGRAM)
 _KEYS = ("batch_size", "arm", "committed_tokens", "seconds", "steps", "explored")  # of an observation
+# A chain whose drafts were accepted whole in at least this share of its rows in a bucket under the current
+# table (SATURATION_MIN_ROWS or more) is cut by its length more often than by a rejection: a longer chain of
+# its drafter drafts the same first nodes and more, and is probed as free (``_extra``).
+SATURATED = 0.5
+SATURATION_MIN_ROWS = 8
 
 
 def resolve_clock(clock: str) -> str:
@@ -60,13 +66,14 @@ def prefix_chains(arm: Arm, arms: Iterable[Arm]) -> list[Arm]:
 
 
 class _Account:
-    """One bucket's regret account under the current table: its time, exploration's extra time (seconds), and
-    the seconds of its last step of the best."""
+    """One bucket's regret account under the current table: its time, exploration's extra time (seconds), the
+    seconds of its last step of the best, and per chain arm played its rows and rows accepted whole."""
 
-    __slots__ = ("time", "spent", "step")
+    __slots__ = ("time", "spent", "step", "whole")
 
     def __init__(self) -> None:
         self.time = self.spent = self.step = 0.0
+        self.whole: dict[str, list[int]] = {}  # arm name -> [rows accepted whole, rows]
 
 
 class StrategySelector:
@@ -180,21 +187,39 @@ class StrategySelector:
         explore = sorted((n for n in ests if n != best and n not in covered), key=order)
         return best, probe[k:] + probe[:k] + explore, ests[best][0] if best in ests else None
 
-    def _extra(self, i: int, name: str, rate: float, acc: _Account) -> float:
+    def _saturated(self, best: str, name: str, acc: _Account) -> bool:
+        """Whether ``name`` is a longer chain of chain ``best``'s drafter and ``best``'s drafts in this bucket
+        were accepted whole in at least ``SATURATED`` of its rows (``SATURATION_MIN_ROWS`` or more)."""
+        arm, b = self._arms[name], self._arms[best]
+        whole, rows = acc.whole.get(best, (0, 0))
+        return (
+            arm.tree_width == 1
+            and b.tree_width == 1
+            and b in self._prefixes[name]
+            and rows >= SATURATION_MIN_ROWS
+            and whole >= SATURATED * rows
+        )
+
+    def _extra(self, i: int, name: str, rate: float, acc: _Account, best: str) -> float:
         """A step of ``name``'s expected seconds beyond the best's for the same tokens, ``s * (1 - R / R_best)``
         from its mean step seconds ``s`` and throughput ``R`` (this selector's window, else the table's); one
         step of the best for an arm without either. An arm with fewer than ``min_samples`` records here whose
         speed-up over off in the nearest bucket with both estimates (``_nearest_speedups``: reliably faster
         there), times off's throughput here, beats the best's is expected to cost nothing: a bucket that gets
         few steps (the tail's single requests) could otherwise never afford the arms its neighbours show
-        faster."""
+        faster. So is a longer chain of the best's drafter with fewer than ``min_samples`` records here while the
+        best is saturated (``_saturated``): it commits at least the best's tokens, and a regret budget of 0.5% of a
+        bucket's time rarely pays for its probe."""
         w = self._own.get(i, {}).get(name)
         sums = w.sums() if w is not None else self._rows[i].get("windows", {}).get(name)
-        if (not sums or sums[0] < self.min_samples) and (speedup := self._speedups[i].get(name)):
-            off = self._own.get(i, {}).get(OFF.name, self._empty)
-            est = off.estimate(self.min_samples, self._rows[i].get("windows", {}).get(OFF.name))
-            if est is not None and speedup * est[0] > rate:
+        if not sums or sums[0] < self.min_samples:
+            if self._saturated(best, name, acc):
                 return 0.0
+            if speedup := self._speedups[i].get(name):
+                off = self._own.get(i, {}).get(OFF.name, self._empty)
+                est = off.estimate(self.min_samples, self._rows[i].get("windows", {}).get(OFF.name))
+                if est is not None and speedup * est[0] > rate:
+                    return 0.0
         return acc.step if not sums or sums[2] <= 0 else (sums[2] - sums[1] / rate) / sums[0]
 
     def _owed(self, i: int, extra: float, acc: _Account) -> float:
@@ -205,14 +230,16 @@ class StrategySelector:
         allowance = max(0.0, self._rows[i].get("allowance", 0.0))
         return acc.spent + extra - allowance - self.regret_budget * acc.time
 
-    def _pick(self, i: int, cands: list[str], rate: float | None, acc: _Account) -> tuple[str | None, float]:
+    def _pick(
+        self, i: int, best: str, cands: list[str], rate: float | None, acc: _Account
+    ) -> tuple[str | None, float]:
         """The candidate to explore (None: none) and by how much the first would overdraw the budget (seconds):
         the first candidate when the budget pays for it, else the first whose expected extra is nil (it costs
         nothing in expectation, even from a spent budget, and its own steps correct a stale estimate). Nothing
         is explored before the best has an estimate and a step under this table."""
         if not rate or acc.step <= 0 or not cands:
             return None, math.inf
-        extras = [self._extra(i, c, rate, acc) for c in cands]
+        extras = [self._extra(i, c, rate, acc, best) for c in cands]
         if (owed := self._owed(i, extras[0], acc)) <= 0:
             return cands[0], 0.0
         return next((c for c, e in zip(cands, extras) if e <= 0), None), owed
@@ -225,7 +252,7 @@ class StrategySelector:
         i = bucket_index(self.edges, n)
         acc = self._accounts.setdefault(i, _Account())
         best, cands, rate = self._next(i)
-        pick = self._pick(i, cands, rate, acc)[0]
+        pick = self._pick(i, best, cands, rate, acc)[0]
         arm, explored = self._arms[pick or best], pick is not None
         self.choices[arm.name] = self.choices.get(arm.name, 0) + 1
         self._last = (i, arm, explored, rate, t0)
@@ -249,6 +276,10 @@ class StrategySelector:
         self._record(i, obs.batch_size, arm.name, obs.committed_tokens, seconds, 1, explored)
         self._counterfactual(i, arm, obs, seconds)
         acc = self._accounts[i]
+        if obs.accepted_lengths and arm.tree_width == 1:
+            whole = acc.whole.setdefault(arm.name, [0, 0])
+            whole[0] += sum(a >= arm.max_draft_tokens for a in obs.accepted_lengths)
+            whole[1] += len(obs.accepted_lengths)
         acc.time += seconds
         if explored:  # its extra time over the best's for the same tokens
             acc.spent += max(0.0, seconds - obs.committed_tokens / rate)
@@ -274,7 +305,7 @@ class StrategySelector:
         """Lease the bucket's next steps when nothing may be explored there before they are played: as many as
         the budget needs to afford the first candidate (``lease_steps`` when there is none)."""
         best, cands, rate = self._next(i)
-        pick, owed = self._pick(i, cands, rate, acc)
+        pick, owed = self._pick(i, best, cands, rate, acc)
         if not cands or self.regret_budget <= 0:
             q = self.lease_steps
         elif not rate or pick is not None:

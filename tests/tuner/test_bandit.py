@@ -149,6 +149,31 @@ def test_a_drafting_arms_records_older_than_the_horizon_are_forgotten_and_it_is_
     assert row(bandit)["best"] == FAST.name
 
 
+def test_a_rarely_played_buckets_records_age_with_the_steps_of_every_bucket_and_its_bans_with_its_own():
+    # early in training FAST lost at batch 1 (banned) and SLOW's records there are old; then batch 64 is played
+    # for many steps while batch 1 sees none: SLOW's records expire on the bandit's clock, FAST's ban waits for
+    # batch 1's own steps
+    bandit = BucketedBandit(ARMS, BanditConfig(min_samples=4, ban_steps=50, horizon=100))
+    feed(bandit, OFF, 8, 1, 0.010)
+    feed(bandit, FAST, 4, 1, 0.020)
+    feed(bandit, SLOW, 4, 1, 0.010)
+    r = row(bandit)
+    assert FAST.name in r["guarded"] and SLOW.name in r["windows"] and r["best"] == "off"
+    feed(bandit, OFF, 4, 64, 0.010, b=64)
+    feed(bandit, FAST, 40, 128, 0.010, b=64)  # FAST wins at batch 64
+    assert row(bandit, 64)["best"] == FAST.name
+    assert SLOW.name in row(bandit)["windows"]  # 48 steps later: still within the horizon
+    feed(bandit, FAST, 60, 128, 0.010, b=64)
+    r = row(bandit)  # 108 steps later: SLOW's records expired, off's stay; FAST's ban has not seen a step
+    assert SLOW.name in r["probe"] and SLOW.name not in r["windows"] and "off" in r["windows"]
+    assert FAST.name in r["guarded"] and r["best"] == "off"
+    feed(bandit, OFF, 50, 1, 0.010)
+    r = row(bandit)
+    assert FAST.name not in r["guarded"] and FAST.name in r["probe"]
+    feed(bandit, FAST, 4, 2, 0.010)
+    assert row(bandit)["best"] == FAST.name
+
+
 def test_the_regret_allowance_grows_with_the_buckets_time_and_shrinks_by_explorations_extra_time():
     bandit = BucketedBandit(ARMS, BanditConfig(min_samples=4, regret_budget=0.1))
     feed(bandit, SLOW, 2, 1, 0.020, explored=True)  # before off has an estimate: not charged

@@ -387,3 +387,35 @@ def test_a_bucket_without_budget_tries_the_arm_its_nearest_bucket_shows_faster(n
         assert played[:2] == ["off", X] and played.count(X) >= 0.8 * len(played), played[:20]
     else:
         assert set(played) == {"off"}, played[:20]
+
+
+@pytest.mark.parametrize("accepted_up_to", [7, 2])
+def test_a_longer_chain_is_probed_without_budget_while_the_bests_drafts_are_accepted_whole(accepted_up_to):
+    # the table says k4 beats off at batch 1 and has no record of k8; the regret budget is zero. Drafts are now
+    # accepted up to `accepted_up_to` tokens. Up to 7: every k4 draft is accepted whole, so k8 (the same first
+    # 4 nodes and 4 more) is tried as free and, committing 8 tokens per 15 ms against k4's 5 per 12 ms, takes
+    # over. Up to 2: k4's drafts end in a rejection, not at their length, and k8 waits for a budget
+    k4, k8 = "suffix-k4-w1", "suffix-k8-w1"
+    bandit = BucketedBandit(parse_arms(["off", k4, k8]), BanditConfig(regret_budget=0.0))
+    for k in range(8):
+        jitter = 1.05 if k % 2 else 0.95
+        bandit.observe(1, "off", 1, 0.010 * jitter)
+        bandit.observe(1, k4, 3, 0.012 * jitter)
+    table = bandit.table()
+    assert table["buckets"][0]["best"] == k4 and k8 in table["buckets"][0]["probe"]
+    sel = StrategySelector(table, clock="engine")
+    played = []
+    for _ in range(60):
+        s = sel.choose(_requests(1))[0]
+        k = s.max_draft_tokens
+        played.append(k)
+        acc = min(k, accepted_up_to)
+        seconds = {4: 0.012, 8: 0.015}[k]
+        sel.observe(
+            StepObservation(1, s.name, acc + 1, k, acc, seconds, draft_lengths=(k,), accepted_lengths=(acc,))
+        )
+    if accepted_up_to > 4:
+        assert played[:8] == [4] * 8 and played[8] == 8, played  # after SATURATION_MIN_ROWS rows of k4
+        assert played[-20:] == [8] * 20, played
+    else:
+        assert set(played) == {4}, played
