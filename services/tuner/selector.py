@@ -189,13 +189,12 @@ class StrategySelector:
 
     def _saturated(self, best: str, name: str, acc: _Account) -> bool:
         """Whether ``name`` is a longer chain of chain ``best``'s drafter and ``best``'s drafts in this bucket
-        were accepted whole in at least ``SATURATED`` of its rows (``SATURATION_MIN_ROWS`` or more)."""
-        arm, b = self._arms[name], self._arms[best]
+        were accepted whole in at least ``SATURATED`` of its rows (``SATURATION_MIN_ROWS`` or more; only chains'
+        rows are counted, ``observe``)."""
         whole, rows = acc.whole.get(best, (0, 0))
         return (
-            arm.tree_width == 1
-            and b.tree_width == 1
-            and b in self._prefixes[name]
+            self._arms[name].tree_width == 1
+            and self._arms[best] in self._prefixes[name]
             and rows >= SATURATION_MIN_ROWS
             and whole >= SATURATED * rows
         )
