@@ -11,9 +11,10 @@ best's, and so does a longer chain of the best's drafter while the best's drafts
 windows with this selector's own steps (counterfactual records of the played arm's ``prefix_chains`` included,
 ``_counterfactual``): the table's best while it stays reliably faster than off, unless another arm is reliably
 faster than it (switching on a point estimate chases noise); else the fastest arm reliably faster than off, else
-off. Draft lengths are capped by the length-aware budgets (``budgets.py``). *Lease*: when the best is off and
-nothing may be explored, the engine plays the bucket's next steps plain without asking (``Lease``; every
-``sample_every``-th timed).
+off. A bucket playing a borrowed best (``bandit.py``) with no estimate of off measures off first, at no charge:
+no arm can be shown faster than off there without it. Draft lengths are capped by the length-aware budgets
+(``budgets.py``). *Lease*: when the best is off and nothing may be explored, the engine plays the bucket's next
+steps plain without asking (``Lease``; every ``sample_every``-th timed).
 *Seconds* (``clock``): ``"thread"``: the decoding thread's CPU time from ``choose`` to ``observe``;
 ``"engine"``: the engine's wall time (needed on CUDA); ``"auto"``: thread without CUDA, else engine. A step
 that captured a CUDA graph is counted, not timed. docs/tuner.md gives the reasons.
@@ -161,11 +162,10 @@ class StrategySelector:
     def _next(self, i: int) -> tuple[str, list[str], float | None]:
         """Bucket ``i``'s best arm, the candidates to explore in order, and the best's throughput (tokens/s;
         None: no estimate yet) (module docstring)."""
-        row, own, prior = self._rows[i], self._own.get(i, {}), self._rows[i].get("windows", {})
+        row, own = self._rows[i], self._own.get(i, {})
         ests = {}
         for n in dict.fromkeys([row["best"], *row["explore"], *row["probe"]]):  # never guarded nor gated
-            e = own.get(n, self._empty).estimate(self.min_samples, prior.get(n))
-            if e is not None:
+            if (e := self._estimate(i, n)) is not None:
                 ests[n] = e
         best, contenders = row["best"], {row["best"], *own}  # an arm not played here keeps its place
         off = ests.get(OFF.name)
@@ -215,9 +215,7 @@ class StrategySelector:
             if self._saturated(best, name, acc):
                 return 0.0
             if speedup := self._speedups[i].get(name):
-                off = self._own.get(i, {}).get(OFF.name, self._empty)
-                est = off.estimate(self.min_samples, self._rows[i].get("windows", {}).get(OFF.name))
-                if est is not None and speedup * est[0] > rate:
+                if (est := self._estimate(i, OFF.name)) is not None and speedup * est[0] > rate:
                     return 0.0
         return acc.step if not sums or sums[2] <= 0 else (sums[2] - sums[1] / rate) / sums[0]
 
@@ -235,7 +233,11 @@ class StrategySelector:
         """The candidate to explore (None: none) and by how much the first would overdraw the budget (seconds):
         the first candidate when the budget pays for it, else the first whose expected extra is nil (it costs
         nothing in expectation, even from a spent budget, and its own steps correct a stale estimate). Nothing
-        is explored before the best has an estimate and a step under this table."""
+        is explored before the best has an estimate and a step under this table, except off where it has no
+        estimate and the best is a drafting arm (a borrowed best): it is measured first, at no charge, for no arm
+        can be shown faster than off without off's own estimate in the bucket."""
+        if best != OFF.name and OFF.name in cands and self._estimate(i, OFF.name) is None:
+            return OFF.name, 0.0
         if not rate or acc.step <= 0 or not cands:
             return None, math.inf
         extras = [self._extra(i, c, rate, acc, best) for c in cands]
@@ -253,6 +255,8 @@ class StrategySelector:
         best, cands, rate = self._next(i)
         pick = self._pick(i, best, cands, rate, acc)[0]
         arm, explored = self._arms[pick or best], pick is not None
+        if explored and arm.is_off and best != OFF.name and self._estimate(i, OFF.name) is None:
+            rate = None  # off's first measurement here is not charged to the budget (``_pick``)
         self.choices[arm.name] = self.choices.get(arm.name, 0) + 1
         self._last = (i, arm, explored, rate, t0)
         if arm.is_off:
@@ -280,8 +284,8 @@ class StrategySelector:
             whole[0] += sum(a >= arm.max_draft_tokens for a in obs.accepted_lengths)
             whole[1] += len(obs.accepted_lengths)
         acc.time += seconds
-        if explored:  # its extra time over the best's for the same tokens
-            acc.spent += max(0.0, seconds - obs.committed_tokens / rate)
+        if explored:  # its extra time over the best's for the same tokens (none for a free probe of off)
+            acc.spent += max(0.0, seconds - obs.committed_tokens / rate) if rate else 0.0
         else:
             acc.step = seconds
             if arm.is_off:
@@ -343,6 +347,11 @@ class StrategySelector:
         self._pending.append(dict(zip(_KEYS, (b, arm, tokens, seconds, steps, explored))))
         if seconds > 0:
             self._own_window(i, arm).append(float(tokens), seconds)
+
+    def _estimate(self, i: int, arm: str) -> tuple[float, float] | None:
+        """``arm``'s (R, se) in bucket ``i``: this selector's own records continuing the table's window."""
+        own = self._own.get(i, {}).get(arm, self._empty)
+        return own.estimate(self.min_samples, self._rows[i].get("windows", {}).get(arm))
 
     def _own_window(self, i: int, arm: str) -> RateWindow:
         own = self._own.setdefault(i, {})
