@@ -9,11 +9,11 @@ it). Per bucket and arm:
   below ``min_samples`` steps (``estimate_from_sums``);
 - ``a`` is reliably faster than ``b`` when ``R_a - R_b > z * hypot(se_a, se_b)`` (``faster``);
 - the row (``table()``): ``best`` is off unless an arm is reliably faster than off (then the fastest such
-  arm; a bucket without drafting evidence plays the nearest such bucket's best); ``guarded``: arms reliably
-  slower than off, the k-th ban lasting ``ban_steps * 2 ** (k - 1)`` bucket steps; ``probe``: arms without an
-  estimate; ``explore``: the others; ``allowance``: the regret budget left, ``regret_budget * time - spent``
-  seconds, where ``time`` is the bucket's decode seconds and ``spent`` exploration's extra seconds over the
-  best, ``sum(max(0, seconds - tokens / R_best))``.
+  arm; a bucket without drafting evidence plays the nearest such bucket's best once off has an estimate there);
+  ``guarded``: arms reliably slower than off, the k-th ban lasting ``ban_steps * 2 ** (k - 1)`` bucket steps;
+  ``probe``: arms without an estimate; ``explore``: the others; ``allowance``: the regret budget left,
+  ``regret_budget * time - spent`` seconds, where ``time`` is the bucket's decode seconds and ``spent``
+  exploration's extra seconds over the best, ``sum(max(0, seconds - tokens / R_best))``.
 
 Records age in decode steps of *all* buckets (``BucketedBandit.steps``), not in the bucket's own: a bucket that
 gets a few steps per rollout (the tail's single requests) would otherwise keep records taken early in training
@@ -272,7 +272,7 @@ class BucketedBandit:
         if off is not None and drafting:
             quicker = [(e[0], n) for n, e in ests.items() if e is not None and faster(e, off, cfg.z)]
             best = max(quicker)[1] if quicker else OFF.name
-        elif borrowed in ests and not drafting:
+        elif borrowed in ests and off is not None and not drafting:
             best = borrowed
         probe = sorted(
             (n for n, e in ests.items() if e is None and n != best),
@@ -295,7 +295,8 @@ class BucketedBandit:
         drafting = [self._drafting(i) for i in range(len(self.edges))]
         rows = [self._row(i, d) for i, d in enumerate(drafting)]
         # a bucket without drafting evidence plays the best of the nearest bucket that has some: off's evidence
-        # alone cannot say whether drafting pays, and some batch sizes get few steps per rollout
+        # alone cannot say whether drafting pays, and some batch sizes get few steps per rollout. Not before off
+        # has its estimate there: an arm cannot be judged against off without it (``_row``)
         known = [i for i, d in enumerate(drafting) if d]
         for i in (i for i, d in enumerate(drafting) if known and not d):
             rows[i] = self._row(i, False, rows[min(known, key=lambda j: (abs(j - i), j))]["best"])
@@ -303,8 +304,8 @@ class BucketedBandit:
 
     def table(self) -> dict[str, Any]:
         """The strategy table the rollout actors play (JSON-serializable; a new ``version`` each call): per
-        bucket ``lo``, ``hi`` (None: open-ended), ``best`` (a bucket without drafting evidence: the nearest such
-        bucket's), ``explore``, ``probe`` and ``guarded`` arm names,
+        bucket ``lo``, ``hi`` (None: open-ended), ``best`` (a bucket without drafting evidence but with off's
+        estimate: the nearest such bucket's), ``explore``, ``probe`` and ``guarded`` arm names,
         ``windows`` (arm -> ``RateWindow.sums()``, the arms not guarded with an estimate) and ``allowance``
         (seconds); the arms, ``regret_budget``, and the ``window``, ``min_samples`` and ``z`` of the
         estimates."""

@@ -11,10 +11,9 @@ best's, and so does a longer chain of the best's drafter while the best's drafts
 windows with this selector's own steps (counterfactual records of the played arm's ``prefix_chains`` included,
 ``_counterfactual``): the table's best while it stays reliably faster than off, unless another arm is reliably
 faster than it (switching on a point estimate chases noise); else the fastest arm reliably faster than off, else
-off. A bucket playing a borrowed best (``bandit.py``) with no estimate of off measures off first, at no charge:
-no arm can be shown faster than off there without it. Draft lengths are capped by the length-aware budgets
-(``budgets.py``). *Lease*: when the best is off and nothing may be explored, the engine plays the bucket's next
-steps plain without asking (``Lease``; every ``sample_every``-th timed).
+off. Draft lengths are capped by the length-aware budgets (``budgets.py``). *Lease*: when the best is off and
+nothing may be explored, the engine plays the bucket's next steps plain without asking (``Lease``; every
+``sample_every``-th timed).
 *Seconds* (``clock``): ``"thread"``: the decoding thread's CPU time from ``choose`` to ``observe``;
 ``"engine"``: the engine's wall time (needed on CUDA); ``"auto"``: thread without CUDA, else engine. A step
 that captured a CUDA graph is counted, not timed. docs/tuner.md gives the reasons.
@@ -233,11 +232,7 @@ class StrategySelector:
         """The candidate to explore (None: none) and by how much the first would overdraw the budget (seconds):
         the first candidate when the budget pays for it, else the first whose expected extra is nil (it costs
         nothing in expectation, even from a spent budget, and its own steps correct a stale estimate). Nothing
-        is explored before the best has an estimate and a step under this table, except off where it has no
-        estimate and the best is a drafting arm (a borrowed best): it is measured first, at no charge, for no arm
-        can be shown faster than off without off's own estimate in the bucket."""
-        if best != OFF.name and OFF.name in cands and self._estimate(i, OFF.name) is None:
-            return OFF.name, 0.0
+        is explored before the best has an estimate and a step under this table."""
         if not rate or acc.step <= 0 or not cands:
             return None, math.inf
         extras = [self._extra(i, c, rate, acc, best) for c in cands]
@@ -255,8 +250,6 @@ class StrategySelector:
         best, cands, rate = self._next(i)
         pick = self._pick(i, best, cands, rate, acc)[0]
         arm, explored = self._arms[pick or best], pick is not None
-        if explored and arm.is_off and best != OFF.name and self._estimate(i, OFF.name) is None:
-            rate = None  # off's first measurement here is not charged to the budget (``_pick``)
         self.choices[arm.name] = self.choices.get(arm.name, 0) + 1
         self._last = (i, arm, explored, rate, t0)
         if arm.is_off:
@@ -284,8 +277,8 @@ class StrategySelector:
             whole[0] += sum(a >= arm.max_draft_tokens for a in obs.accepted_lengths)
             whole[1] += len(obs.accepted_lengths)
         acc.time += seconds
-        if explored:  # its extra time over the best's for the same tokens (none for a free probe of off)
-            acc.spent += max(0.0, seconds - obs.committed_tokens / rate) if rate else 0.0
+        if explored:  # its extra time over the best's for the same tokens
+            acc.spent += max(0.0, seconds - obs.committed_tokens / rate)
         else:
             acc.step = seconds
             if arm.is_off:

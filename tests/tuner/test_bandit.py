@@ -59,11 +59,14 @@ def test_off_is_best_until_an_arm_is_reliably_faster_and_untried_arms_are_probed
     assert r["best"] == FAST.name and "off" in r["explore"] and FAST.name not in r["explore"]
     feed(bandit, EVEN, 6, 1, 0.010, seed=1)
     assert EVEN.name in row(bandit)["explore"]  # neither reliably faster nor slower: kept exploring
-    # a bucket without drafting evidence plays the nearest bucket's best, off probed first; off's evidence
-    # alone does not change that; the arm's own evidence there decides
+    # a bucket without drafting evidence plays off until off has its estimate there (an arm cannot be judged
+    # against off without it), then the nearest bucket's best; off's evidence alone does not change that; the
+    # arm's own evidence there decides
     r64 = row(bandit, 64)
-    assert r64["best"] == FAST.name and r64["probe"][0] == "off" and not r64["windows"]
-    feed(bandit, OFF, 4, 64, 0.010, b=64)
+    assert r64["best"] == "off" and FAST.name in r64["probe"] and not r64["windows"]
+    feed(bandit, OFF, 3, 64, 0.010, b=64)
+    assert row(bandit, 64)["best"] == "off"  # three samples: no estimate yet
+    feed(bandit, OFF, 1, 64, 0.010, b=64)
     r64 = row(bandit, 64)
     assert r64["best"] == FAST.name and "off" not in r64["probe"] and FAST.name not in r64["probe"]
     assert bandit.stats()["buckets"][bandit.bucket_of(64)]["best"] == FAST.name  # the best it plays
