@@ -410,9 +410,11 @@ def test_a_bucket_never_visited_plays_off_until_off_is_measured_then_tries_its_n
     n = BanditConfig().min_samples
     assert played[:n] == ["off"] * n and 1 <= played.count(X) <= n, played[:12]
     assert set(played[-40:]) == {"off"}, played
-    # once off is measured there, a bucket without drafting evidence borrows its neighbour's best
-    bandit.merge(eng.selector.drain_observations()[:1] * n)
-    assert bandit.table()["buckets"][bandit.bucket_of(64)]["windows"]
+    # merged, the steps judge X there: reliably slower than off, it is banned at batch 64 and kept at batch 1
+    bandit.merge(eng.selector.drain_observations())
+    table = bandit.table()
+    row = table["buckets"][bandit.bucket_of(64)]
+    assert row["best"] == "off" and X in row["guarded"] and table["buckets"][0]["best"] == X
 
 
 @pytest.mark.parametrize("accepted_up_to", [7, 2])
