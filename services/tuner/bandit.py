@@ -54,7 +54,11 @@ class BanditConfig(Settings):
     """
 
     SECTION = "bandit"
-    bucket_edges: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256])
+    # octaves up to 16, half octaves above: there a GPU verify turns compute-bound and a drafting arm's speed-up
+    # over off falls steeply with the batch size (docs/tuner.md, "Arms and buckets")
+    bucket_edges: list[int] = field(
+        default_factory=lambda: [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256]
+    )
     window: int = 64
     min_samples: int = 4
     z: float = 2.0
@@ -371,7 +375,10 @@ class BucketedBandit:
             )
         edges = list(state.get("config", {}).get("bucket_edges", []))
         if edges != self.edges:
-            raise TunerConfigError(f"state bucket_edges {edges} differ from this tuner's {self.edges}")
+            raise TunerConfigError(
+                f"state bucket_edges {edges} differ from this tuner's {self.edges} "
+                "(set tuner.bandit.bucket_edges to the state's to resume it)"
+            )
         self.steps = int(state["steps"])
         for b, bst in zip(self._buckets, state["buckets"]):
             b.steps, b.time, b.spent = int(bst["steps"]), float(bst["time"]), float(bst["spent"])

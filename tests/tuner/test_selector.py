@@ -447,3 +447,32 @@ def test_a_longer_chain_is_probed_without_budget_while_the_bests_drafts_are_acce
         assert played[-20:] == [8] * 20, played
     else:
         assert set(played) == {4}, played
+
+
+def test_a_speed_up_measured_at_64_to_72_active_requests_is_not_played_at_112_to_127():
+    # a GPU-like cost curve: X's verify turns compute-bound, ~10% faster than off at 64-72 active requests,
+    # ~10% slower at 112-127 (measured on the H200, Qwen2.5-7B: suffix-k4 1.04x off at 64-72, 0.61x at
+    # 100-127). The default buckets keep the two apart: the first rollout at 112-127 plays off, and 64-72 keeps
+    # X. (With octave buckets, 64-127 pooled them: X on ~90% of that rollout's steps at ~1.11x off's time, and
+    # afterwards off at 64-72 too.)
+    model = CostModel(base_ms=10.0, c_ms=0.055, profiles={X: ArmProfile(alpha=0.6)})
+    off, x = BY_NAME["off"], BY_NAME[X]
+    assert model.seconds_per_token(off, 68) > 1.08 * model.seconds_per_token(x, 68)
+    assert model.seconds_per_token(x, 120) > 1.08 * model.seconds_per_token(off, 120)
+    bandit = BucketedBandit(parse_arms(["off", X]))
+    eng = SimEngine(StrategySelector(bandit.table(), clock="engine", seed=1), model, seed=1)
+
+    def rollout(lo, hi, steps=300):
+        log = eng.run([lo + k % (hi - lo) for k in range(steps)])
+        bandit.merge(eng.selector.drain_observations())
+        eng.selector.update_table(bandit.table())
+        return log
+
+    for _ in range(6):
+        rollout(64, 73)
+    assert best(bandit.table(), bandit, 68) == X
+    log = rollout(112, 128)
+    off_seconds = sum(model.seconds_per_token(off, s.batch_size) * s.tokens for s in log)
+    assert sum(s.arm == X for s in log) <= 0.1 * len(log)
+    assert sum(s.seconds for s in log) <= 1.03 * off_seconds
+    assert best(bandit.table(), bandit, 68) == X and best(bandit.table(), bandit, 120) == "off"
