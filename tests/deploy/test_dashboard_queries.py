@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -20,6 +19,7 @@ import urllib.request
 import pytest
 
 from services.common import dashboards as dash
+from tests.deploy.ports import free_ports
 
 PROMETHEUS = shutil.which("prometheus")
 STEPS = 3
@@ -28,12 +28,6 @@ WINDOW = "10m"  # $__rate_interval, $__interval and $__range: wider than the run
 pytestmark = pytest.mark.skipif(
     PROMETHEUS is None, reason="prometheus not installed: apt-get install -y prometheus"
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str) -> dict:
@@ -71,7 +65,7 @@ def grafana_to_promql(expr: str) -> str:
 @pytest.fixture
 def prometheus(tmp_path):
     """(Prometheus base URL, the metrics port it scrapes): a Prometheus scraping 127.0.0.1:<port> every 1 s."""
-    metrics_port, web_port = _free_port(), _free_port()
+    metrics_port, web_port = free_ports(("metrics", "web")).values()
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"

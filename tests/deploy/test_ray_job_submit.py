@@ -14,7 +14,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import pytest
 import yaml
 
 from tests.conftest import GSM8K_DIR
+from tests.deploy.ports import free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -32,12 +32,6 @@ REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 JOB_TIMEOUT_S = 240
 START_TIMEOUT_S = 120
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _group_and_tagged(pgid: int, tag: str):
@@ -88,7 +82,7 @@ def private_cluster():
 
     temp_dir = tempfile.mkdtemp(prefix="tsj", dir="/tmp")  # short: Unix socket paths are limited to 107 chars
     token = secrets.token_hex(32)
-    ports = {name: _free_port() for name in ("gcs", "dash", "metrics", "agent", "agent_grpc", "client", "rt")}
+    ports = free_ports(("gcs", "dash", "metrics", "agent", "agent_grpc", "client", "rt"))
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
     env.pop("RAY_AUTH_TOKEN_PATH", None)

@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import GSM8K_DIR
-from tests.deploy.test_ray_job_submit import _free_port, _stop_cluster
+from tests.deploy.ports import free_ports
+from tests.deploy.test_ray_job_submit import _stop_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -37,8 +38,10 @@ START_TIMEOUT_S = 120
 RUN_TIMEOUT_S = 420
 
 
-def _node_cmd(ip: str, temp_dir: str, gcs_port: int, head: bool) -> list[str]:
-    ports = {n: _free_port() for n in ("metrics", "agent", "agent_grpc", "rt", "nm", "om")}
+NODE_PORTS = ("metrics", "agent", "agent_grpc", "rt", "nm", "om", "client")
+
+
+def _node_cmd(ip: str, temp_dir: str, gcs_port: int, head: bool, ports: dict[str, int]) -> list[str]:
     cmd = [
         str(VENV_BIN / "ray"),
         "start",
@@ -59,11 +62,15 @@ def _node_cmd(ip: str, temp_dir: str, gcs_port: int, head: bool) -> list[str]:
             "--head",
             f"--port={gcs_port}",
             "--include-dashboard=false",
-            f"--ray-client-server-port={_free_port()}",
+            f"--ray-client-server-port={ports['client']}",
         ]
     else:
         cmd += [f"--address={HEAD_IP}:{gcs_port}", '--resources={"tailspec_trainer": 1}']
     return cmd
+
+
+def _node_ports(ports: dict[str, int], node: str) -> dict[str, int]:
+    return {n: ports[f"{node}_{n}"] for n in NODE_PORTS}
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +86,9 @@ def two_nodes():
         RAY_USAGE_STATS_ENABLED="0",
         PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
     )
-    gcs = _free_port()
+    # every port of both nodes and the GCS picked at once: all distinct
+    ports = free_ports(("gcs", *(f"{node}_{n}" for node in ("head", "worker") for n in NODE_PORTS)))
+    gcs = ports["gcs"]
     procs: list[tuple[subprocess.Popen, str]] = []
     try:
         for ip, tmp, head in ((HEAD_IP, temps[0], True), (WORKER_IP, temps[1], False)):
@@ -87,7 +96,7 @@ def two_nodes():
             procs.append(
                 (
                     subprocess.Popen(
-                        _node_cmd(ip, tmp, gcs, head),
+                        _node_cmd(ip, tmp, gcs, head, _node_ports(ports, "head" if head else "worker")),
                         env=env,
                         stdout=log,
                         stderr=subprocess.STDOUT,
