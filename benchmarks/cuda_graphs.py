@@ -186,7 +186,7 @@ def is_gemm(kernel: str) -> bool:
     return any(s in n for s in ("gemm", "gemv", "nvjet", "cutlass", "xmma", "cublas"))
 
 
-def profile_kernels(fn, layers: int, top: int = 12) -> dict:
+def profile_kernels(fn, layers: int, top: int = 24) -> dict:
     """The GPU kernels of one call of ``fn`` (an eager forward), from ``torch.profiler``: how many, per decoder
     layer, and their summed device time split into matrix products (cuBLAS / cuBLASLt GEMM and GEMV kernels)
     and the rest; ``top``: the kernels with the most summed time. A graph replays the same kernels, so the

@@ -1,4 +1,5 @@
-"""Fused input projections for inference: q / k / v as one matrix product, and the MLP's gate / up as one.
+"""Fused products for inference: q / k / v as one matrix product, the MLP's gate / up as one, and a residual
+add inside a product's epilogue (``linear_residual``).
 
 A decode step at small batch reads every weight once, and each ``nn.Linear`` is a kernel; three small products
 (q, k, v) run below the card's bandwidth where one product of the stacked weights does not (``benchmarks.
@@ -7,9 +8,10 @@ cuda_graphs`` on an H100, Qwen2.5-7B shape, batch 1: the forward's matrix produc
 ``fuse_projections(model)`` concatenates each group's weights (and biases) into one tensor and points the
 original parameters' ``.data`` at views of it: the parameters keep their objects, names and shapes, so
 ``state_dict``, ``load_state_dict`` and in-place updates (``copy_``, an optimizer step) work unchanged and reach
-the fused tensor. ``fused_linear`` is the product the forward uses. It returns None (the caller runs the separate
-products) while autograd records (training: the gradients belong to the separate parameters) or when a
-parameter no longer aliases the fused tensor (its ``.data`` was replaced, e.g. by ``Module.to``: fuse again).
+the fused tensor. ``fused_linear`` is the product the forward uses (``fused_product``: before its split). It
+returns None (the caller runs the separate products) while autograd records (training: the gradients belong to
+the separate parameters) or when a parameter no longer aliases the fused tensor (its ``.data`` was replaced,
+e.g. by ``Module.to``: fuse again).
 """
 
 from __future__ import annotations
@@ -79,10 +81,37 @@ def fused_linear(module: nn.Module, name: str, x: torch.Tensor) -> tuple[torch.T
     """The outputs of ``module``'s group ``name`` for input ``x [..., in]`` from one product, split per
     projection (``[..., size_i]`` each); None when not fused, while autograd records, or when a parameter no
     longer aliases the fused tensor."""
+    out = fused_product(module, name, x)
+    return None if out is None else out.split(module.__dict__[f"_fused_{name}"].sizes, dim=-1)
+
+
+def fused_product(module: nn.Module, name: str, x: torch.Tensor) -> torch.Tensor | None:
+    """``fused_linear``'s product before the split: ``[..., sum(sizes)]``, the projections' outputs side by side
+    in the group's order (``GROUPS``); None when ``fused_linear`` would return None."""
     f = module.__dict__.get(f"_fused_{name}")
     if f is None or torch.is_grad_enabled() or not f.aliased():
         return None
-    return F.linear(x, f.weight, f.bias).split(f.sizes, dim=-1)
+    return F.linear(x, f.weight, f.bias)
 
 
-__all__ = ["FusedProjection", "fuse_group", "fuse_projections", "fused_linear"]
+def linear_residual(linear: nn.Linear, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    """``residual + linear(x)`` for x ``[..., in]`` and residual ``[..., out]`` (None: ``linear(x)``). For
+    inference through a linear without bias, one ``torch.addmm``: the matrix product adds ``residual`` in its
+    epilogue, one kernel fewer than a product and an add. While autograd records, the module is called (its
+    hooks run, as a training wrapper such as DeepSpeed's may need)."""
+    if residual is None:
+        return linear(x)
+    if linear.bias is not None or torch.is_grad_enabled():
+        return residual + linear(x)
+    out = torch.addmm(residual.reshape(-1, residual.shape[-1]), x.reshape(-1, x.shape[-1]), linear.weight.t())
+    return out.view(residual.shape)
+
+
+__all__ = [
+    "FusedProjection",
+    "fuse_group",
+    "fuse_projections",
+    "fused_linear",
+    "fused_product",
+    "linear_residual",
+]

@@ -44,7 +44,7 @@ from services.rollout_actor.attention import (
     per_row_pays,
     sdpa,
 )
-from services.rollout_actor.fused import fused_linear
+from services.rollout_actor.fused import fused_linear, fused_product, linear_residual
 from services.rollout_actor.ragged import RaggedBatch, ragged_attention, ragged_pays
 
 SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM", "Qwen3ForCausalLM")
@@ -280,34 +280,62 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
 
-    def forward(self, x, cos, sin, mask, cache: KVCache | None, layer: int, slots, write_pos, kv_read=None):
+    def forward(
+        self,
+        x,
+        cos,
+        sin,
+        mask,
+        cache: KVCache | None,
+        layer: int,
+        slots,
+        write_pos,
+        kv_read=None,
+        residual=None,
+    ):
+        """Self-attention of ``x [B, T, hidden]``; returns ``o_proj``'s output ``[B, T, hidden]``, plus ``residual``
+        (same shape) when given, added inside the product (``linear_residual``)."""
         b, t, _ = x.shape
-        q, k, v = fused_linear(self, "qkv", x) or (self.q_proj(x), self.k_proj(x), self.v_proj(x))
-        q, k, v = (y.view(b, t, -1, self.head_dim) for y in (q, k, v))
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        qkv = None if self.qk_norm else fused_product(self, "qkv", x)
+        if qkv is not None:  # rotary on q and k as one tensor: three kernels instead of six
+            split = (self.n_heads + self.n_kv) * self.head_dim
+            qk = _apply_rope(qkv[..., :split].view(b, t, -1, self.head_dim).transpose(1, 2), cos, sin)
+            q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]  # [B, H, T, D], [B, KV, T, D]
+            v = qkv[..., split:].view(b, t, -1, self.head_dim).transpose(1, 2)
+        else:
+            q, k, v = fused_linear(self, "qkv", x) or (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+            q, k, v = (y.view(b, t, -1, self.head_dim) for y in (q, k, v))
+            if self.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        return linear_residual(
+            self.o_proj, self._attend(q, k, v, mask, cache, layer, slots, write_pos, kv_read), residual
+        )
+
+    def _attend(self, q, k, v, mask, cache: KVCache | None, layer: int, slots, write_pos, kv_read):
+        """Attention output ``[B, T, H * D]`` of q ``[B, H, T, D]`` over k / v ``[B, KV, T, D]`` and the cache."""
+        b, _, t, _ = q.shape
         if isinstance(mask, RaggedBatch):  # packed rows (ragged.py): writes K/V, each row over its own keys
-            return self.o_proj(ragged_attention(q, k, v, cache, layer, mask))
+            return ragged_attention(q, k, v, cache, layer, mask)
         if cache is not None:
             # write new K/V at [slot, :, lengths[slot] + t], then read the slots' prefixes (to the longest row's end)
             cache.k[layer][slots.unsqueeze(1), :, write_pos] = k.transpose(1, 2).to(cache.k.dtype)
             cache.v[layer][slots.unsqueeze(1), :, write_pos] = v.transpose(1, 2).to(cache.v.dtype)
             if isinstance(mask, attention.FlashBatch):  # attention.flash_attention_applies
                 out = attention.flash_attention(q, cache.k[layer], cache.v[layer], mask)
-                return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+                return out.transpose(1, 2).reshape(b, t, -1)
             if isinstance(kv_read, list):  # (slot, keys) per row: each row over its own keys (per_row_pays)
                 out = per_row_attention(q, cache.k[layer], cache.v[layer], mask, kv_read)
-                return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+                return out.transpose(1, 2).reshape(b, t, -1)
             kmax = mask.shape[-1]
             # consecutive slots (a full batch, or one request): read a view; else gather (a copy)
             rows = kv_read if kv_read is not None else slots
             k, v = (x.to(q.dtype) for x in cache.read(layer, rows, kmax))
             if mask.shape[2] != t:  # grouped layout (Transformer.forward): [B, 1, G*T, K]
-                return self.o_proj(grouped_attention(q, k, v, mask).transpose(1, 2).reshape(b, t, -1))
+                return grouped_attention(q, k, v, mask).transpose(1, 2).reshape(b, t, -1)
         out = sdpa(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=self.n_kv != self.n_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        return out.transpose(1, 2).reshape(b, t, -1)
 
 
 class MLP(nn.Module):
@@ -317,9 +345,10 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
-    def forward(self, x):
+    def forward(self, x, residual=None):
+        """SwiGLU of ``x [..., hidden]``, plus ``residual`` when given (``linear_residual``)."""
         gate, up = fused_linear(self, "gate_up", x) or (self.gate_proj(x), self.up_proj(x))
-        return self.down_proj(F.silu(gate) * up)
+        return linear_residual(self.down_proj, F.silu(gate) * up, residual)
 
 
 class DecoderLayer(nn.Module):
@@ -331,10 +360,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, mask, cache, layer, slots, write_pos, kv_read=None):
-        x = x + self.self_attn(
-            self.input_layernorm(x), cos, sin, mask, cache, layer, slots, write_pos, kv_read
+        x = self.self_attn(
+            self.input_layernorm(x), cos, sin, mask, cache, layer, slots, write_pos, kv_read, residual=x
         )
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
 class _Backbone(nn.Module):

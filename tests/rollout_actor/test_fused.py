@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from services.rollout_actor.engine import Engine, GenerationRequest, SamplingParams
-from services.rollout_actor.fused import fuse_projections, fused_linear
+from services.rollout_actor.fused import fuse_projections, fused_linear, fused_product, linear_residual
 from services.rollout_actor.model import Transformer, init_weights
 from tests.conftest import tiny_config
 
@@ -32,6 +32,39 @@ def test_fused_forward_and_state_dict_equal_the_separate_ones(arch):
         torch.testing.assert_close(fused(ids).logits, ref(ids).logits, atol=1e-5, rtol=1e-5)
     sd_ref, sd = ref.state_dict(), fused.state_dict()
     assert sd.keys() == sd_ref.keys() and all(torch.equal(sd[k], sd_ref[k]) for k in sd)
+
+
+def test_the_inference_forward_with_a_kv_cache_equals_the_training_one():
+    """No grad: q / k rotated as one tensor and the residual adds inside ``addmm``; with grad: the separate
+    products and adds. Prefill then a 3-token step over the cache, rows at different lengths."""
+    model = init_weights(Transformer(tiny_config(architecture="Qwen2ForCausalLM", attention_bias=True)), 5)
+    fuse_projections(model)
+    ids, step = torch.randint(0, 64, (2, 6)), torch.randint(0, 64, (2, 3))
+    slots = torch.tensor([1, 0])
+
+    def run(grad: bool) -> list[torch.Tensor]:
+        cache = model.new_cache(num_slots=2, max_len=16)
+        with torch.set_grad_enabled(grad):
+            first = model(ids, cache=cache, slots=slots).logits
+            cache.commit(slots, torch.tensor([6, 4]))
+            return [first.detach(), model(step, cache=cache, slots=slots).logits.detach()]
+
+    with torch.no_grad():
+        assert fused_product(model.model.layers[0].self_attn, "qkv", torch.zeros(1, 1, 64)) is not None
+    for fast, slow in zip(run(False), run(True)):
+        torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+
+
+def test_linear_residual_adds_in_the_product_and_falls_back_with_a_bias_or_grad():
+    x, residual = torch.randn(2, 3, 8), torch.randn(2, 3, 5)
+    for bias in (False, True):
+        lin = torch.nn.Linear(8, 5, bias=bias)
+        with torch.no_grad():
+            torch.testing.assert_close(linear_residual(lin, x, residual), residual + lin(x))
+            assert torch.equal(linear_residual(lin, x, None), lin(x))
+    out = linear_residual(lin, x, residual)
+    out.sum().backward()
+    assert lin.weight.grad is not None
 
 
 def test_training_gradients_reach_the_separate_parameters_and_updates_reach_the_fused_tensor():
