@@ -3,7 +3,7 @@
 Run from the repository root::
 
     python -m benchmarks.suffix_offline [--tokenizer PATH --tokenizer-label NAME] [--ks 8,16,32]
-        [--settings siblings,cold] [--limit-problems N] [--drafter-args '{"alpha": 1.0}']
+        [--settings siblings,cold] [--limit-problems N] [--drafter-args '{"alpha": 1.0}'] [--prefix-chains 4,8]
 
 Protocol (SuffixDecoding, Oliaro et al. 2024, arXiv 2411.04975; ArcticInference's offline simulation): the
 rollouts in ``data/traces/qwen25-math-math-cot/math_cot_50.jsonl`` (50 MATH problems x G = 8 sampled responses
@@ -74,23 +74,41 @@ def load_problems(
     return out
 
 
-def replay(d: SuffixTreeDrafter, rid: str, pid: str, prompt: list[int], resp: list[int], k: int) -> dict:
-    """Replay one response against the drafter (chain drafts of <= k tokens); verify-step statistics."""
+def _accepted(draft, resp: list[int], pos: int) -> int:
+    """The longest prefix of ``draft`` equal to ``resp[pos:]``."""
+    acc = 0
+    for x in draft:
+        if pos + acc >= len(resp) or resp[pos + acc] != x:
+            break
+        acc += 1
+    return acc
+
+
+def replay(
+    d: SuffixTreeDrafter, rid: str, pid: str, prompt: list[int], resp: list[int], k: int, shadow=()
+) -> dict:
+    """Replay one response against the drafter (chain drafts of <= k tokens); verify-step statistics. For each
+    budget j in ``shadow`` (< k), also the chain of budget j proposed on the same context (not played):
+    ``shadow[j]`` = [its accepted tokens, ``min(accepted, j)`` of the played draft (the selector's
+    counterfactual record), steps where its draft is a prefix of the played one], summed over the steps."""
     d.start_request(rid, pid, prompt)
     ctx = list(prompt)
     pos = steps = drafted = with_draft = 0
     t_prop = 0.0
     n = len(resp)
+    sums = {j: [0, 0, 0] for j in shadow}
     while pos < n:
+        req = [DraftRequest(rid, pid, ctx, len(prompt))]
         t = time.process_time()  # CPU time: the machine may be shared
-        (tree,) = d.propose([DraftRequest(rid, pid, ctx, len(prompt))], [k])
+        (tree,) = d.propose(req, [k])
         t_prop += time.process_time() - t
         draft = tree.tokens
-        acc = 0
-        for x in draft:
-            if pos + acc >= n or resp[pos + acc] != x:
-                break
-            acc += 1
+        acc = _accepted(draft, resp, pos)
+        for j, row in sums.items():
+            (other,) = d.propose(req, [j])
+            row[0] += _accepted(other.tokens, resp, pos)
+            row[1] += min(acc, j)
+            row[2] += list(other.tokens) == list(draft[: len(other.tokens)])
         commit = resp[pos : pos + acc + 1]
         ctx += commit
         d.observe(rid, commit)
@@ -99,11 +117,15 @@ def replay(d: SuffixTreeDrafter, rid: str, pid: str, prompt: list[int], resp: li
         drafted += len(draft)
         with_draft += bool(draft)
     d.finish_request(rid, pid, [])  # drop the request; the protocol adds responses itself
-    return {"tokens": n, "steps": steps, "drafted": drafted, "with_draft": with_draft, "propose_s": t_prop}
+    out = {"tokens": n, "steps": steps, "drafted": drafted, "with_draft": with_draft, "propose_s": t_prop}
+    return out | {"shadow": sums}
 
 
-def run_setting(problems, setting: str, k: int, drafter_args: dict) -> dict:
-    """Replay every response of every problem in one setting with budget ``k``; pooled statistics."""
+def run_setting(problems, setting: str, k: int, drafter_args: dict, shadow=()) -> dict:
+    """Replay every response of every problem in one setting with budget ``k``; pooled statistics, and per
+    budget j in ``shadow`` below ``k`` (``prefix_chains``): the accepted tokens per step of its own drafts and
+    of the counterfactual ``min(accepted, j)``, their ratio, and the share of steps where its draft is a
+    prefix of the played one."""
     groups = [len(r) for _, _, r in problems]
     g = groups[0]
     if any(x != g for x in groups):
@@ -129,7 +151,7 @@ def run_setting(problems, setting: str, k: int, drafter_args: dict) -> dict:
                 d.add_history(pid, prompt, r, to_global=False)
         for j, r in enumerate(resps):
             d.flush()
-            rows.append(replay(d, f"{pid}/{j}", pid, prompt, r, k))
+            rows.append(replay(d, f"{pid}/{j}", pid, prompt, r, k, [x for x in shadow if x < k]))
             if siblings and j < g - 1:
                 d.add_history(pid, prompt, r, to_global=False)  # evicts response j + 1, replayed next
         for r in resps:  # problem i joins the global cache, evicting problem i + 1 (replayed next)
@@ -139,6 +161,11 @@ def run_setting(problems, setting: str, k: int, drafter_args: dict) -> dict:
             stats = d.stats()
     tokens = sum(x["tokens"] for x in rows)
     steps = sum(x["steps"] for x in rows)
+    chains = {}
+    for j in rows[0]["shadow"]:
+        own, cf, same = (sum(x["shadow"][j][c] for x in rows) for c in range(3))
+        chains[j] = {"accepted_per_step": own / steps, "counterfactual_per_step": cf / steps}
+        chains[j] |= {"counterfactual_over_own": cf / own if own else None, "prefix_share": same / steps}
     return {
         "setting": setting,
         "k": k,
@@ -153,7 +180,7 @@ def run_setting(problems, setting: str, k: int, drafter_args: dict) -> dict:
         "propose_cpu_us_per_call": 1e6 * sum(x["propose_s"] for x in rows) / steps,
         "wall_s": time.perf_counter() - t0,
         "tries_after_first_problem": stats,
-    }
+    } | ({"prefix_chains": chains} if chains else {})
 
 
 def to_markdown(result: dict, before: dict | None = None) -> str:
@@ -179,6 +206,21 @@ def to_markdown(result: dict, before: dict | None = None) -> str:
             f"{r['propose_cpu_us_per_call']:.0f} |"
         )
     lines.append("")
+    chains = [(r, j, c) for r in result["results"] for j, c in r.get("prefix_chains", {}).items()]
+    if chains:
+        lines += [
+            "Prefix chains (`--prefix-chains`): at each step of the chain of K, the chain of j < K tokens proposed "
+            "on the same context, against the tuner's counterfactual record of it, `min(accepted_K, j)`:",
+            "",
+            "| setting | K | j | accepted / step (own draft) | counterfactual / step | ratio | prefix of K's draft |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r, j, c in chains:
+            lines.append(
+                f"| {r['setting']} | {r['k']} | {j} | {c['accepted_per_step']:.3f} | "
+                f"{c['counterfactual_per_step']:.3f} | {c['counterfactual_over_own']:.3f} | {c['prefix_share']:.1%} |"
+            )
+        lines.append("")
     if before is not None:
         old = {(r["setting"], r["k"]): r for r in before["results"]}
         lines += [
@@ -209,6 +251,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--settings", default="siblings,cold")
     ap.add_argument("--limit-problems", type=int, default=0, help="first N problems only (0: all)")
     ap.add_argument("--drafter-args", default="{}", help="JSON kwargs for SuffixTreeDrafter (tuning)")
+    ap.add_argument(
+        "--prefix-chains",
+        default="",
+        help="budgets j (comma-separated): per step also propose a chain of j < K tokens, to check the "
+        "tuner's counterfactual records (min(accepted, j) of the K-chain) against the j-chain's own drafts",
+    )
     ap.add_argument("--out", type=Path, default=OUT, help="output stem (.json and .md are written)")
     ap.add_argument(
         "--before", type=Path, default=None, help="an earlier run's JSON: the markdown compares tau with it"
@@ -219,12 +267,20 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for setting in args.settings.split(","):
         for k in (int(x) for x in args.ks.split(",")):
-            r = run_setting(problems, setting, k, drafter_args)
+            shadow = [int(x) for x in args.prefix_chains.split(",") if x]
+            r = run_setting(problems, setting, k, drafter_args, shadow)
             print(
                 f"{setting:9s} K={k:2d} tau={r['tau']:.3f} draft/step={r['mean_draft_len']:.2f} "
                 f"propose={r['propose_cpu_us_per_call']:.0f}us wall={r['wall_s']:.1f}s",
                 flush=True,
             )
+            for j, c in r.get("prefix_chains", {}).items():
+                print(
+                    f"  chain of {j}: accepted/step {c['accepted_per_step']:.3f}, counterfactual "
+                    f"{c['counterfactual_per_step']:.3f} (x{c['counterfactual_over_own']:.3f}), prefix of "
+                    f"K's draft on {c['prefix_share']:.1%} of steps",
+                    flush=True,
+                )
             results.append(r)
     cfg = SuffixTreeDrafter(**drafter_args).state_dict()["config"]
     result = {
