@@ -1,5 +1,5 @@
 """Fused products for inference: q / k / v as one matrix product, the MLP's gate / up as one, and a residual
-add inside a product's epilogue (``linear_residual``).
+add inside a product (``linear_residual``).
 
 A decode step at small batch reads every weight once, and each ``nn.Linear`` is a kernel; three small products
 (q, k, v) run below the card's bandwidth where one product of the stacked weights does not (``benchmarks.
@@ -96,9 +96,10 @@ def fused_product(module: nn.Module, name: str, x: torch.Tensor) -> torch.Tensor
 
 def linear_residual(linear: nn.Linear, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
     """``residual + linear(x)`` for x ``[..., in]`` and residual ``[..., out]`` (None: ``linear(x)``). For
-    inference through a linear without bias, one ``torch.addmm``: the matrix product adds ``residual`` in its
-    epilogue, one kernel fewer than a product and an add. While autograd records, the module is called (its
-    hooks run, as a training wrapper such as DeepSpeed's may need)."""
+    inference through a linear without bias, one ``torch.addmm``: the matrix product accumulates onto
+    ``residual`` (cuBLAS beta = 1; on CUDA PyTorch first copies ``residual`` into the output, a device copy
+    cheaper than the add kernel it replaces). While autograd records, the module is called (its hooks run, as a
+    training wrapper such as DeepSpeed's may need)."""
     if residual is None:
         return linear(x)
     if linear.bias is not None or torch.is_grad_enabled():
