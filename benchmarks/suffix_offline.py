@@ -265,9 +265,9 @@ def main(argv: list[str] | None = None) -> None:
     problems = load_problems(args.data, args.tokenizer, args.limit_problems)
     drafter_args = json.loads(args.drafter_args)
     results = []
+    shadow = [int(x) for x in args.prefix_chains.split(",") if x]
     for setting in args.settings.split(","):
         for k in (int(x) for x in args.ks.split(",")):
-            shadow = [int(x) for x in args.prefix_chains.split(",") if x]
             r = run_setting(problems, setting, k, drafter_args, shadow)
             print(
                 f"{setting:9s} K={k:2d} tau={r['tau']:.3f} draft/step={r['mean_draft_len']:.2f} "

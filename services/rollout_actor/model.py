@@ -296,14 +296,16 @@ class Attention(nn.Module):
         """Self-attention of ``x [B, T, hidden]``; returns ``o_proj``'s output ``[B, T, hidden]``, plus ``residual``
         (same shape) when given, added inside the product (``linear_residual``)."""
         b, t, _ = x.shape
-        qkv = None if self.qk_norm else fused_product(self, "qkv", x)
-        if qkv is not None:  # rotary on q and k as one tensor: three kernels instead of six
-            split = (self.n_heads + self.n_kv) * self.head_dim
+        qkv = fused_product(self, "qkv", x)  # None: the separate products
+        split = (self.n_heads + self.n_kv) * self.head_dim
+        if qkv is not None and not self.qk_norm:  # rotary on q and k as one tensor: 3 kernels, not 6
             qk = _apply_rope(qkv[..., :split].view(b, t, -1, self.head_dim).transpose(1, 2), cos, sin)
             q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]  # [B, H, T, D], [B, KV, T, D]
             v = qkv[..., split:].view(b, t, -1, self.head_dim).transpose(1, 2)
         else:
-            q, k, v = fused_linear(self, "qkv", x) or (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+            d_q = self.n_heads * self.head_dim
+            parts = None if qkv is None else (qkv[..., :d_q], qkv[..., d_q:split], qkv[..., split:])
+            q, k, v = parts or (self.q_proj(x), self.k_proj(x), self.v_proj(x))
             q, k, v = (y.view(b, t, -1, self.head_dim) for y in (q, k, v))
             if self.qk_norm:
                 q, k = self.q_norm(q), self.k_norm(k)
