@@ -31,6 +31,7 @@ from services.rollout_actor.speculative.strategy import OFF, Lease, StepObservat
 from services.tuner.arms import Arm, Drafter, TunerConfigError
 from services.tuner.bandit import BanditConfig, RateWindow, bucket_index, estimate_from_sums, faster
 from services.tuner.budgets import BudgetConfig, LengthBudgets
+from services.tuner.step_cost import CostFit
 
 CLOCKS = ("auto", "thread", "engine")
 # drafters whose chain of k nodes is the first k nodes of their longer chain (a budget cuts the draft)
@@ -108,8 +109,10 @@ class StrategySelector:
         self.lease: Lease | None = None
         self.choices: dict[str, int] = {}  # arm name -> steps (this actor, since the last drain)
         self._pending: list[dict[str, Any]] = []  # observations for the tuner
-        self._last: tuple | None = None  # bucket, arm, explored, the best's rate, thread time at choose
+        self._last: tuple | None = None  # bucket, arm, explored, the best's rate, thread time at choose, cut
         self._lease_bucket = 0
+        # bucket -> step seconds by verify width (``step_cost.py``; a property of the machine: kept across tables)
+        self._costs: dict[int, CostFit] = {}
         self.update_table(table)
 
     def update_table(self, table: Mapping[str, Any]) -> None:
@@ -251,26 +254,36 @@ class StrategySelector:
         pick = self._pick(i, best, cands, rate, acc)[0]
         arm, explored = self._arms[pick or best], pick is not None
         self.choices[arm.name] = self.choices.get(arm.name, 0) + 1
-        self._last = (i, arm, explored, rate, t0)
+        self._last = (i, arm, explored, rate, t0, False)
         if arm.is_off:
             return [OFF] * n
         k, w, d = arm.max_draft_tokens, arm.tree_width, arm.tree_depth
+        cfg = self.budgets.cfg
+        if n * k <= cfg.step_quota and k <= min(cfg.long, cfg.medium, cfg.short):  # nothing is cut
+            return [Strategy(str(arm.drafter), k, w, d)] * n
         alloc = self.budgets.allocate(
             [(r.request_id, r.problem_id, k, len(r.token_ids) - r.num_prompt_tokens) for r in requests]
         )
+        # the step quota cut some requests' drafts: a shorter chain, under the same quota, would have drafted
+        # for them, so this step says nothing of it (``_counterfactual``)
+        cut = sum(alloc.values()) >= cfg.step_quota and min(alloc.values()) < k
+        self._last = (i, arm, explored, rate, t0, cut)
         return [Strategy(str(arm.drafter), alloc[r.request_id], w, d) for r in requests]
 
     def observe(self, obs: StepObservation) -> None:
         """The result of the step ``choose`` just picked: recorded, charged to the budget; may grant a lease."""
         if self._last is None:
             return
-        (i, arm, explored, rate, t0), self._last = self._last, None
+        (i, arm, explored, rate, t0, cut), self._last = self._last, None
         seconds = (time.thread_time() - t0 or obs.seconds) if self.clock == "thread" else obs.seconds
         if obs.capture_seconds > 0:  # a one-off graph capture: counted, not timed
             self._record(i, obs.batch_size, arm.name, 0, 0.0, 1, explored)
             return
         self._record(i, obs.batch_size, arm.name, obs.committed_tokens, seconds, 1, explored)
-        self._counterfactual(i, arm, obs, seconds)
+        if seconds > 0:
+            self._cost(i).add(obs.batch_size + sum(obs.draft_lengths), seconds)
+        if not cut:
+            self._counterfactual(i, arm, obs, seconds)
         acc = self._accounts[i]
         if obs.accepted_lengths and arm.tree_width == 1:
             whole = acc.whole.setdefault(arm.name, [0, 0])
@@ -286,16 +299,30 @@ class StrategySelector:
 
     def _counterfactual(self, i: int, arm: Arm, obs: StepObservation, seconds: float) -> None:
         """Own records (not for the tuner) of the played arm's ``prefix_chains`` from the same step: the chain of
-        k nodes would have committed ``sum(min(accepted, k) + 1)`` tokens (``StepObservation.accepted_lengths``),
-        in the step's seconds times the two arms' ratio of mean step seconds in the table's windows."""
-        windows = self._rows[i].get("windows", {})
-        played = windows.get(arm.name)
-        if not obs.accepted_lengths or not played or played[2] <= 0:
+        k nodes would have committed ``sum(min(accepted, k) + 1)`` tokens (``StepObservation.accepted_lengths``)
+        in the step's seconds times the bucket's ``CostFit`` ratio of its verify width (drafts cut to k nodes) to
+        the step's. Before the fit exists, times the two arms' ratio of mean step seconds in the table's windows
+        (taken at other moments, with other draft lengths)."""
+        if not obs.accepted_lengths or seconds <= 0 or not self._prefixes[arm.name]:
             return
+        b, windows = obs.batch_size, self._rows[i].get("windows", {})
+        played = windows.get(arm.name)
+        fit = self._cost(i).line()
+        step_cost = fit[0] + fit[1] * (b + sum(obs.draft_lengths)) if fit else 0.0
         for a in self._prefixes[arm.name]:
-            if (w := windows.get(a.name)) and w[2] > 0:
-                tokens = obs.batch_size + sum(min(x, a.max_draft_tokens) for x in obs.accepted_lengths)
-                self._own_window(i, a.name).append(tokens, seconds * (w[2] / w[0]) / (played[2] / played[0]))
+            k, ratio = a.max_draft_tokens, None
+            if step_cost > 0:
+                ratio = (fit[0] + fit[1] * (b + sum(min(d, k) for d in obs.draft_lengths))) / step_cost
+            elif (w := windows.get(a.name)) and w[2] > 0 and played and played[2] > 0:
+                ratio = (w[2] / w[0]) / (played[2] / played[0])
+            if ratio is not None:
+                tokens = b + sum(min(x, k) for x in obs.accepted_lengths)
+                self._own_window(i, a.name).append(float(tokens), seconds * ratio)
+
+    def _cost(self, i: int) -> CostFit:
+        if i not in self._costs:
+            self._costs[i] = CostFit()
+        return self._costs[i]
 
     def _grant(self, i: int, acc: _Account) -> None:
         """Lease the bucket's next steps when nothing may be explored there before they are played: as many as
@@ -331,6 +358,8 @@ class StrategySelector:
                 seconds = s.thread_seconds
             b = s.batch_size if s is not None else self._rows[i]["lo"]
             self._record(i, b, OFF.name, tokens, seconds, steps)
+            if seconds > 0:
+                self._cost(i).add(b, seconds)
             acc.step = seconds or acc.step
         acc.time += played * acc.step
         lease.samples.clear()
