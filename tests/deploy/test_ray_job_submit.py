@@ -13,7 +13,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ import pytest
 import yaml
 
 from tests.conftest import GSM8K_DIR
+from tests.deploy.clusters import stop_cluster
 from tests.deploy.ports import free_ports
 
 pytestmark = pytest.mark.slow
@@ -32,47 +32,6 @@ REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 JOB_TIMEOUT_S = 240
 START_TIMEOUT_S = 120
-
-
-def _group_and_tagged(pgid: int, tag: str):
-    import psutil
-
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if p.pid == os.getpid():
-                continue
-            if os.getpgid(p.pid) == pgid or any(tag in a for a in (p.info["cmdline"] or [])):
-                found.append(p)
-        except (psutil.Error, ProcessLookupError):
-            pass
-    return found
-
-
-def _stop_cluster(proc: subprocess.Popen, temp_dir: str) -> None:
-    """SIGTERM the `ray start --block` process (it tears down every process of its node), then sweep what is
-    left of *this* cluster only: its process group (start_new_session) or a command line naming its temp dir."""
-    import psutil
-
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-    left = _group_and_tagged(proc.pid, temp_dir)
-    for p in left:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(left, timeout=15)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +97,7 @@ def private_cluster():
                 time.sleep(1)
         yield address, headers
     finally:
-        _stop_cluster(proc, temp_dir)
+        stop_cluster(proc, temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 

@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import GSM8K_DIR
+from tests.deploy.clusters import stop_cluster
 from tests.deploy.ports import free_ports
-from tests.deploy.test_ray_job_submit import _stop_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -116,7 +116,7 @@ def two_nodes():
         yield f"{HEAD_IP}:{gcs}", env, temps
     finally:
         for proc, tmp in reversed(procs):  # worker first
-            _stop_cluster(proc, tmp)
+            stop_cluster(proc, tmp)
         for tmp in temps:
             shutil.rmtree(tmp, ignore_errors=True)
 
