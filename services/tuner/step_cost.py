@@ -13,7 +13,7 @@ chain costs about the same.
 
 from __future__ import annotations
 
-from collections import deque
+from services.tuner.bandit import RateWindow
 
 # least squares needs this many steps (of more than one width) before it is used
 COST_FIT_MIN_STEPS = 8
@@ -31,25 +31,16 @@ class CostFit:
     """
 
     def __init__(self, size: int = 256) -> None:
-        self.points: deque[tuple[float, float]] = deque(maxlen=size)
-        self._sums = [0.0] * 4  # sum w, s, w*w, w*s
+        self._window = RateWindow(size)  # (w, s) pairs: its running sums are the normal equations'
 
     def add(self, w: float, s: float) -> None:
-        if len(self.points) == self.points.maxlen:
-            self._update(*self.points[0], -1.0)
-        self.points.append((w, s))
-        self._update(w, s, 1.0)
-
-    def _update(self, w: float, s: float, sign: float) -> None:
-        for j, x in enumerate((w, s, w * w, w * s)):
-            self._sums[j] += sign * x
+        self._window.append(w, s)
 
     def line(self) -> tuple[float, float] | None:
         """``(a, b)`` in seconds and seconds per token, or None (class docstring)."""
-        n = len(self.points)
+        n, sw, ss, sww, sws, _ = self._window.sums()
         if n < COST_FIT_MIN_STEPS:
             return None
-        sw, ss, sww, sws = self._sums
         var = sww - sw * sw / n
         if var <= 1e-9 * max(1.0, sww):
             return None
