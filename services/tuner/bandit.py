@@ -8,8 +8,9 @@ it). Per bucket and arm:
   arm's within the last ``horizon`` decode steps of all buckets), with its delta-method standard error; none
   below ``min_samples`` steps (``estimate_from_sums``);
 - ``a`` is reliably faster than ``b`` when ``R_a - R_b > z * hypot(se_a, se_b)`` (``faster``);
-- the row (``table()``): ``best`` is off unless an arm is reliably faster than off (then the fastest such
-  arm; a bucket without drafting evidence plays the nearest such bucket's best once off has an estimate there);
+- the row (``table()``): ``best`` is off unless an arm is reliably faster than off (then of those the one with
+  the highest lower bound ``R - z * se``, ``lower``; a bucket without drafting evidence plays the nearest such
+  bucket's best once off has an estimate there);
   ``guarded``: arms reliably slower than off, the k-th ban lasting ``ban_steps * 2 ** (k - 1)`` bucket steps;
   ``probe``: arms without an estimate; ``explore``: the others; ``allowance``: the regret budget left,
   ``regret_budget * time - spent`` seconds, where ``time`` is the bucket's decode seconds and ``spent``
@@ -100,6 +101,12 @@ def estimate_from_sums(n: float, sums: Sequence[float], min_samples: int) -> tup
 def faster(a: tuple[float, float], b: tuple[float, float], z: float) -> bool:
     """Is estimate ``a`` reliably above estimate ``b`` (module docstring)?"""
     return a[0] - b[0] > z * math.hypot(a[1], b[1])
+
+
+def lower(e: tuple[float, float], z: float) -> float:
+    """The lower bound ``R - z * se`` of estimate ``e``: the best is the arm with the highest (an arm with few
+    records was often played at moments its drafts paid, when the selector judged it faster)."""
+    return e[0] - z * e[1]
 
 
 class RateWindow:
@@ -274,7 +281,9 @@ class BucketedBandit:
         }
         off, best = ests.get(OFF.name), OFF.name
         if off is not None and drafting:
-            quicker = [(e[0], n) for n, e in ests.items() if e is not None and faster(e, off, cfg.z)]
+            quicker = [
+                (lower(e, cfg.z), n) for n, e in ests.items() if e is not None and faster(e, off, cfg.z)
+            ]
             best = max(quicker)[1] if quicker else OFF.name
         elif borrowed in ests and off is not None and not drafting:
             best = borrowed

@@ -9,8 +9,9 @@ records in the bucket costs nothing in expectation when its speed-up over off in
 best's, and so does a longer chain of the best's drafter while the best's drafts are mostly accepted whole,
 ``_extra``); else the bucket's *best*: the table's, re-judged on estimates that continue the table's
 windows with this selector's own steps (counterfactual records of the played arm's ``prefix_chains`` included,
-``_counterfactual``): the table's best while it stays reliably faster than off, unless another arm is reliably
-faster than it (switching on a point estimate chases noise); else the fastest arm reliably faster than off, else
+``_counterfactual``): the table's best while it stays reliably faster than off, unless another arm's own steps
+show it reliably faster than the best's own steps (switching on a point estimate chases noise, and the table's
+windows hold other problems' steps); else the arm reliably faster than off with the highest lower bound, else
 off. Draft lengths are capped by the length-aware budgets (``budgets.py``). *Lease*: when the best is off and
 nothing may be explored, the engine plays the bucket's next steps plain without asking (``Lease``; every
 ``sample_every``-th timed).
@@ -29,7 +30,7 @@ from typing import Any
 from services.rollout_actor.speculative.base import DraftRequest
 from services.rollout_actor.speculative.strategy import OFF, Lease, StepObservation, Strategy
 from services.tuner.arms import Arm, Drafter, TunerConfigError
-from services.tuner.bandit import BanditConfig, RateWindow, bucket_index, estimate_from_sums, faster
+from services.tuner.bandit import BanditConfig, RateWindow, bucket_index, estimate_from_sums, faster, lower
 from services.tuner.budgets import BudgetConfig, LengthBudgets
 from services.tuner.step_cost import CostFit
 
@@ -176,9 +177,17 @@ class StrategySelector:
         best, contenders = row["best"], {row["best"], *own}  # an arm not played here keeps its place
         off = ests.get(OFF.name)
         if off is not None and len(contenders) > 1:
-            quicker = [(ests[n][0], n) for n in contenders if n in ests and faster(ests[n], off, self.z)]
+            quicker = [
+                (lower(ests[n], self.z), n) for n in contenders if n in ests and faster(ests[n], off, self.z)
+            ]
             if best in {n for _, n in quicker}:  # the table's best stays unless an arm is reliably faster
-                quicker = [(r, n) for r, n in quicker if faster(ests[n], ests[best], self.z)] or [(0.0, best)]
+                # on this table's own records (the best's, once it has enough): the table's windows hold
+                # records of other problems, whose drafts are accepted more or less
+                fresh = {n: e for n in contenders if n in own and (e := own[n].estimate(self.min_samples))}
+                base = fresh.get(best, ests[best])
+                quicker = [
+                    (fresh[n][0], n) for _, n in quicker if n in fresh and faster(fresh[n], base, self.z)
+                ] or [(0.0, best)]
             best = max(quicker)[1] if quicker else OFF.name
         probe = [n for n in row["probe"] if n not in ests]
         k = self.seed % len(probe) if probe else 0
@@ -212,14 +221,15 @@ class StrategySelector:
         speed-up over off in the nearest bucket with both estimates (``_nearest_speedups``: reliably faster
         there), times off's throughput here, beats the best's is expected to cost nothing: a bucket that gets
         few steps (the tail's single requests) could otherwise never afford the arms its neighbours show
-        faster. So is a longer chain of the best's drafter with fewer than ``min_samples`` records here while the
-        best is saturated (``_saturated``): it commits at least the best's tokens, and a regret budget of 0.5% of a
-        bucket's time rarely pays for its probe."""
+        faster. So is a longer chain of the best's drafter with fewer than ``min_samples`` of this selector's own
+        records while the best is saturated (``_saturated``): it commits at least the best's tokens (the table's
+        records of it, of other problems, do not say how many more), and a regret budget of 0.5% of a bucket's
+        time rarely pays for its probe."""
         w = self._own.get(i, {}).get(name)
         sums = w.sums() if w is not None else self._rows[i].get("windows", {}).get(name)
+        if (w is None or len(w) < self.min_samples) and self._saturated(best, name, acc):
+            return 0.0
         if not sums or sums[0] < self.min_samples:
-            if self._saturated(best, name, acc):
-                return 0.0
             if speedup := self._speedups[i].get(name):
                 if (est := self._estimate(i, OFF.name)) is not None and speedup * est[0] > rate:
                     return 0.0

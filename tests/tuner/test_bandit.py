@@ -75,6 +75,22 @@ def test_off_is_best_until_an_arm_is_reliably_faster_and_untried_arms_are_probed
     assert r64["best"] == "off" and FAST.name in r64["guarded"]  # buckets are judged independently
 
 
+def test_of_the_arms_faster_than_off_the_best_has_the_highest_lower_bound_not_the_highest_rate():
+    # FAST: 64 steps at 2 tokens per 10 ms. EVEN: 5 steps at 2.2 per 10 ms on average, from 1.2 to 3.2 (a few
+    # steps, mostly taken when a selector judged it faster): the higher rate, but not reliably above FAST's
+    bandit = BucketedBandit(ARMS, BanditConfig(min_samples=4))
+    feed(bandit, OFF, 8, 1, 0.010)
+    feed(bandit, FAST, 64, 2, 0.010)
+    for tokens in (1.2, 3.2, 2.2, 1.7, 2.7):
+        bandit.observe(1, EVEN, tokens, 0.010)
+    r = row(bandit)
+    rate = {n: w[1] / w[2] for n, w in r["windows"].items()}  # sums: [n, tokens, seconds, ...]
+    assert rate[EVEN.name] > 1.05 * rate[FAST.name] > 2 * rate["off"]
+    assert r["best"] == FAST.name and EVEN.name in r["explore"]
+    feed(bandit, EVEN, 60, 2.2, 0.010, seed=3)  # now as well measured: the higher rate wins
+    assert row(bandit)["best"] == EVEN.name
+
+
 def test_a_reliably_slower_arm_is_banned_and_reprobed_with_exponential_back_off():
     cfg = BanditConfig(min_samples=4, ban_steps=100)
     bandit = BucketedBandit(ARMS, cfg)

@@ -421,19 +421,26 @@ def test_a_bucket_never_visited_plays_off_then_judges_the_arm_it_borrows_from_a_
 
 
 @pytest.mark.parametrize("accepted_up_to", [7, 2])
-def test_a_longer_chain_is_probed_without_budget_while_the_bests_drafts_are_accepted_whole(accepted_up_to):
-    # the table says k4 beats off at batch 1 and has no record of k8; the regret budget is zero. Drafts are now
-    # accepted up to `accepted_up_to` tokens. Up to 7: every k4 draft is accepted whole, so k8 (the same first
-    # 4 nodes and 4 more) is tried as free and, committing 8 tokens per 15 ms against k4's 5 per 12 ms, takes
-    # over. Up to 2: k4's drafts end in a rejection, not at their length, and k8 waits for a budget
+@pytest.mark.parametrize("k8_records", [0, 8])
+def test_a_longer_chain_is_probed_without_budget_while_the_bests_drafts_are_accepted_whole(
+    accepted_up_to, k8_records
+):
+    # the table says k4 beats off at batch 1, and has no record of k8 or records of other problems' drafts that
+    # put it below k4; the regret budget is zero. Drafts are now accepted up to `accepted_up_to` tokens. Up to 7:
+    # every k4 draft is accepted whole, so k8 (the same first 4 nodes and 4 more) is tried as free and,
+    # committing 8 tokens per 15 ms against k4's 5 per 12 ms, takes over. Up to 2: k4's drafts end in a
+    # rejection, not at their length, and k8 waits for a budget
     k4, k8 = "suffix-k4-w1", "suffix-k8-w1"
     bandit = BucketedBandit(parse_arms(["off", k4, k8]), BanditConfig(regret_budget=0.0))
     for k in range(8):
         jitter = 1.05 if k % 2 else 0.95
         bandit.observe(1, "off", 1, 0.010 * jitter)
         bandit.observe(1, k4, 3, 0.012 * jitter)
+        if k < k8_records:
+            bandit.observe(1, k8, 2.5, 0.015 * jitter)
     table = bandit.table()
-    assert table["buckets"][0]["best"] == k4 and k8 in table["buckets"][0]["probe"]
+    assert table["buckets"][0]["best"] == k4
+    assert k8 in table["buckets"][0]["explore" if k8_records else "probe"]
     sel = StrategySelector(table, clock="engine")
     played = []
     for _ in range(60):
@@ -450,6 +457,34 @@ def test_a_longer_chain_is_probed_without_budget_while_the_bests_drafts_are_acce
         assert played[-20:] == [8] * 20, played
     else:
         assert set(played) == {4}, played
+
+
+def test_a_shorter_chain_takes_over_only_when_this_rollouts_steps_show_it_faster():
+    # the table (rollouts of other problems): off commits 1 token per 20 ms, k8 1.5 per 15 ms (the best); k4 has
+    # 3 records at 9 per 10 ms, too few for an estimate. In this rollout drafts are accepted up to 7 tokens: k8
+    # commits 8 per 15 ms, and its steps say k4 would commit 5 (at k4's 10 ms in the table), slower. Blended
+    # with the table's records, k4's beat k8's; this rollout's records alone do not: k8 stays the best
+    k4, k8 = "suffix-k4-w1", "suffix-k8-w1"
+    bandit = BucketedBandit(parse_arms(["off", k4, k8]), BanditConfig(regret_budget=0.0))
+    for k in range(8):
+        jitter = 1.05 if k % 2 else 0.95
+        bandit.observe(1, "off", 1, 0.020 * jitter)
+        bandit.observe(1, k8, 1.5, 0.015 * jitter)
+        if k < 3:
+            bandit.observe(1, k4, 9, 0.010 * jitter)
+    table = bandit.table()
+    assert table["buckets"][0]["best"] == k8
+    sel = StrategySelector(table, clock="engine")
+    played = []
+    for _ in range(60):
+        s = sel.choose(_requests(1))[0]
+        k = s.max_draft_tokens
+        played.append(k)
+        acc, seconds = min(k, 7), {4: 0.010, 8: 0.015}[k]
+        sel.observe(
+            StepObservation(1, s.name, acc + 1, k, acc, seconds, draft_lengths=(k,), accepted_lengths=(acc,))
+        )
+    assert set(played) == {8}, played
 
 
 def test_a_speed_up_measured_at_64_to_72_active_requests_is_not_played_at_112_to_127():
