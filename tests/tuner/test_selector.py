@@ -152,6 +152,23 @@ def _requests(n, problem=lambda j: f"p{j}"):
     return [DraftRequest(f"r{j}", problem(j), [1, 2, 3], 2) for j in range(n)]
 
 
+def play_chains(sel, steps, accepted_up_to, seconds):
+    """``steps`` single-request steps of suffix chains: a chain of k nodes has ``min(k, accepted_up_to)``
+    accepted and takes ``seconds[k]``. Returns each step's k."""
+    played = []
+    for _ in range(steps):
+        s = sel.choose(_requests(1))[0]
+        k = s.max_draft_tokens
+        played.append(k)
+        acc = min(k, accepted_up_to)
+        sel.observe(
+            StepObservation(
+                1, s.name, acc + 1, k, acc, seconds[k], draft_lengths=(k,), accepted_lengths=(acc,)
+            )
+        )
+    return played
+
+
 def test_draft_lengths_follow_the_length_aware_budgets():
     bandit = BucketedBandit(parse_arms(["off", "suffix-k32-w1"]), BanditConfig(min_samples=2))
     for _ in range(4):
@@ -234,13 +251,7 @@ def test_a_chains_steps_judge_the_shorter_chains_of_its_drafter_without_playing_
     table = bandit.table()
     assert table["buckets"][0]["best"] == k8
     sel = StrategySelector(table, clock="engine")
-    played = []
-    for _ in range(40):
-        s = sel.choose(_requests(1))[0]
-        k = s.max_draft_tokens
-        played.append(k)
-        seconds = 0.020 if k == 8 else 0.010  # the arms' step costs, as in the table
-        sel.observe(StepObservation(1, s.name, 3, k, 2, seconds, draft_lengths=(k,), accepted_lengths=(2,)))
+    played = play_chains(sel, 40, 2, {4: 0.010, 8: 0.020})  # the arms' step costs, as in the table
     assert played[0] == 8 and 4 in played and played[-10:] == [4] * 10  # switched; nothing was explored
     assert set(played[played.index(4) :]) == {4}  # once the best, it stays
     # no counterfactual record reaches the tuner: its records are the steps played
@@ -441,17 +452,7 @@ def test_a_longer_chain_is_probed_without_budget_while_the_bests_drafts_are_acce
     table = bandit.table()
     assert table["buckets"][0]["best"] == k4
     assert k8 in table["buckets"][0]["explore" if k8_records else "probe"]
-    sel = StrategySelector(table, clock="engine")
-    played = []
-    for _ in range(60):
-        s = sel.choose(_requests(1))[0]
-        k = s.max_draft_tokens
-        played.append(k)
-        acc = min(k, accepted_up_to)
-        seconds = {4: 0.012, 8: 0.015}[k]
-        sel.observe(
-            StepObservation(1, s.name, acc + 1, k, acc, seconds, draft_lengths=(k,), accepted_lengths=(acc,))
-        )
+    played = play_chains(StrategySelector(table, clock="engine"), 60, accepted_up_to, {4: 0.012, 8: 0.015})
     if accepted_up_to > 4:
         assert played[:8] == [4] * 8 and played[8] == 8, played  # after SATURATION_MIN_ROWS rows of k4
         assert played[-20:] == [8] * 20, played
@@ -474,16 +475,7 @@ def test_a_shorter_chain_takes_over_only_when_this_rollouts_steps_show_it_faster
             bandit.observe(1, k4, 9, 0.010 * jitter)
     table = bandit.table()
     assert table["buckets"][0]["best"] == k8
-    sel = StrategySelector(table, clock="engine")
-    played = []
-    for _ in range(60):
-        s = sel.choose(_requests(1))[0]
-        k = s.max_draft_tokens
-        played.append(k)
-        acc, seconds = min(k, 7), {4: 0.010, 8: 0.015}[k]
-        sel.observe(
-            StepObservation(1, s.name, acc + 1, k, acc, seconds, draft_lengths=(k,), accepted_lengths=(acc,))
-        )
+    played = play_chains(StrategySelector(table, clock="engine"), 60, 7, {4: 0.010, 8: 0.015})
     assert set(played) == {8}, played
 
 
