@@ -268,21 +268,26 @@ class StrategySelector:
         pick = self._pick(i, best, cands, rate, acc)[0]
         arm, explored = self._arms[pick or best], pick is not None
         self.choices[arm.name] = self.choices.get(arm.name, 0) + 1
-        self._last = (i, arm, explored, rate, t0, False)
+        strategies, cut = self._strategies(arm, requests)
+        self._last = (i, arm, explored, rate, t0, cut)
+        return strategies
+
+    def _strategies(self, arm: Arm, requests: list[DraftRequest]) -> tuple[list[Strategy], bool]:
+        """Each request's strategy for ``arm``, its draft length capped by the length-aware budgets, and
+        whether the step quota cut some request's draft (a shorter chain, under the same quota, would have
+        drafted for it, so the step says nothing of that chain: ``_counterfactual``)."""
+        n = len(requests)
         if arm.is_off:
-            return [OFF] * n
+            return [OFF] * n, False
         k, w, d = arm.max_draft_tokens, arm.tree_width, arm.tree_depth
         cfg = self.budgets.cfg
         if n * k <= cfg.step_quota and k <= min(cfg.long, cfg.medium, cfg.short):  # nothing is cut
-            return [Strategy(str(arm.drafter), k, w, d)] * n
+            return [Strategy(str(arm.drafter), k, w, d)] * n, False
         alloc = self.budgets.allocate(
             [(r.request_id, r.problem_id, k, len(r.token_ids) - r.num_prompt_tokens) for r in requests]
         )
-        # the step quota cut some requests' drafts: a shorter chain, under the same quota, would have drafted
-        # for them, so this step says nothing of it (``_counterfactual``)
         cut = sum(alloc.values()) >= cfg.step_quota and min(alloc.values()) < k
-        self._last = (i, arm, explored, rate, t0, cut)
-        return [Strategy(str(arm.drafter), alloc[r.request_id], w, d) for r in requests]
+        return [Strategy(str(arm.drafter), alloc[r.request_id], w, d) for r in requests], cut
 
     def observe(self, obs: StepObservation) -> None:
         """The result of the step ``choose`` just picked: recorded, charged to the budget; may grant a lease."""
