@@ -43,7 +43,7 @@ from services.pipeline.preflight import check_cpus, check_run_dir, data_dir, loa
 from services.pipeline.reporting import (
     Progress,
     bubble_summary,
-    print_table,
+    print_results,
     spec_metrics,
     spec_summary,
     step_totals,
@@ -365,7 +365,7 @@ class RLDriver:
         )
         summary = self._summary(time.perf_counter() - t_run, ckpt)
         writer.write_summary(summary)
-        print_table(self.console, self.rows, summary)
+        print_results(self.console, summary)
         return summary
 
     # ------------------------------------------------------------------ checkpoints and resume

@@ -1,5 +1,5 @@
 """A run's report: the speculative-decoding keys and the progress line of each step, and at the end the
-plots, ``summary.json``'s totals and the table printed to the console.
+plots, ``summary.json``'s totals and the results table printed to the console.
 
 The functions here read the run's ``metrics.jsonl`` rows (``rows``) and the services' end state; they write
 plots and return dicts, the driver writes ``summary.json`` (``services/pipeline/outputs.py``).
@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+from rich.table import Table
 
 from services.pipeline.outputs import (
     length_stats,
@@ -195,33 +196,62 @@ class Progress:
         pass
 
 
-TABLE_COLUMNS = (
-    "step",
-    "reward_mean",
-    "accuracy",
-    "response_len_p50",
-    "response_len_p90",
-    "response_len_max",
-    "tokens_generated",
-    "rollout_seconds",
-    "train_seconds",
-    "step_seconds",
-)
+def result_rows(summary: dict) -> list[tuple[str, str]]:
+    """The run's results as ``(what, value)`` lines, from ``summary.json``'s keys (a key the run lacks, e.g.
+    speculation when it was off, leaves its line out): held-out accuracy and reward first -> last, response
+    lengths, time, speculation and its measured speed-ups, the tuner's most played arms, bubbles, the files."""
+    s, out = summary, []
+    if s.get("eval_accuracy_first") is not None:
+        acc = f"{s['eval_accuracy_first']:.3f} -> {s['eval_accuracy_last']:.3f}"
+        out.append((f"held-out accuracy, greedy ({s['eval_problems']} problems)", acc))
+        if s.get("eval_accuracy_sampled_first") is not None:
+            acc = f"{s['eval_accuracy_sampled_first']:.3f} -> {s['eval_accuracy_sampled_last']:.3f}"
+            out.append((f"held-out accuracy, T={s.get('eval_temperature', 1.0):g}", acc))
+    reward = f"{s['reward_mean_first']:.3f} -> {s['reward_mean_last']:.3f}"
+    out.append((f"reward (batch mean), step 1 -> {s['steps']}", reward))
+    lens = "/".join(f"{s[f'response_len_run_{q}']:.0f}" for q in ("p50", "p90", "p99", "max"))
+    out.append(("response tokens p50/p90/p99/max", f"{lens} ({s['tokens_generated_total']:,} generated)"))
+    secs = f"{s['wall_seconds']:.1f} s; RL steps {s['step_seconds_total']:.1f} s, of which rollout "
+    out.append(
+        ("time", secs + f"{s['rollout_seconds_total']:.1f} s, policy update {s['train_seconds_total']:.1f} s")
+    )
+    if s.get("acceptance_length_mean"):
+        tau = f"{s['acceptance_length_mean']:.2f} (acceptance rate {s['acceptance_rate']:.2f})"
+        out.append(("tau (accepted draft tokens + 1 per verify step)", tau))
+    if s.get("rollout_speedup_vs_plain"):
+        x = [f"rollout {s['rollout_speedup_vs_plain']:.2f}x"]
+        x += (
+            [f"long tail {s['long_tail_speedup_vs_plain']:.2f}x"]
+            if s.get("long_tail_speedup_vs_plain")
+            else []
+        )
+        x += [f"RL step {s['step_speedup_vs_plain']:.2f}x"] if s.get("step_speedup_vs_plain") else []
+        out.append((f"vs plain decoding (median of {s['speedup_measurements']} replays)", ", ".join(x)))
+    if s.get("tuner"):
+        choices = s["tuner"]["choices_total"]
+        top = sorted(choices.items(), key=lambda kv: -kv[1])[:3]
+        arms = ", ".join(f"{a} {c / max(1, sum(choices.values())):.0%}" for a, c in top)
+        out.append(("tuner: decode steps per arm (top 3)", arms))
+    if s.get("spot_training"):
+        bubbles = f"{s['bubble_trained_seconds_total']:.1f} of {s['bubble_seconds_total']:.1f} worker-seconds"
+        out.append(("idle bubbles spent training the drafter", bubbles))
+    files = ["summary.json", "metrics.jsonl", "plots/"]
+    files += [os.path.relpath(s["checkpoint"], s["run_dir"])] if s.get("checkpoint") else []
+    out.append(("files (in the run directory)", ", ".join(files)))
+    return out
 
 
-def print_table(console, rows: list[dict], summary: dict) -> None:
-    """The run's steps as a table (rich, to ``console`` when given; plain dicts without rich), then where
-    summary.json is."""
-    try:
-        from rich.table import Table
-
-        t = Table(title=f"tailspec run — {summary['run_dir']}")
-        for c in TABLE_COLUMNS:
-            t.add_column(c, justify="right")
-        for r in rows:
-            t.add_row(*[f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in TABLE_COLUMNS])
-        (console.print if console is not None else print)(t)
-    except ImportError:  # pragma: no cover
-        for r in rows:
-            print({c: r[c] for c in TABLE_COLUMNS})
-    print(f"summary: {os.path.join(summary['run_dir'], 'summary.json')}")
+def print_results(console, summary: dict) -> None:
+    """The run's results (``result_rows``) as a two-column table (rich, to ``console`` when given; plain lines
+    otherwise)."""
+    rows = result_rows(summary)
+    if console is None:
+        for what, value in rows:
+            print(f"{what}: {value}")
+        return
+    t = Table(title=f"tailspec run {summary['run_dir']}", show_header=False)
+    t.add_column(style="bold")
+    t.add_column(overflow="fold")
+    for what, value in rows:
+        t.add_row(what, value)
+    console.print(t)
