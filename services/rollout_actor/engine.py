@@ -24,13 +24,14 @@ Contract
   drafter proposes a chain or tree; all requests are verified in ONE batched target forward (tree attention
   masks); ``speculative.verify.verify_tree`` applies the lossless acceptance rule; rejected KV positions are
   rolled back (only the slot length moves) and an accepted tree path is compacted in place.
-* Trace replay: a request with ``reference`` (token ids) emits exactly that response, then EOS: the target
-  distribution of each of its output positions is replaced by the point mass on the trace's token there, so
-  the coupled rule accepts a deterministic draft token iff it equals the trace's and the bonus token is the
-  trace's next. Drafters, tuner, KV cache, batching, rollback and every forward run and cost what they cost;
-  only the choice of token comes from the trace (benchmarks replay real rollouts through a model of the real
-  shape with random weights). Sampled drafts are not replayable (their acceptance depends on the target
-  distribution, which replay replaces): proposing one for a replay request raises ``ValueError``.
+* Trace replay: a request with ``reference`` (token ids) emits exactly that response, then EOS: the token drawn
+  at each of its output positions is replaced, after the draw, by the trace's token there (``verify_tree``'s
+  ``forced``; a plain step's likewise), so the coupled rule accepts a deterministic draft token iff it equals
+  the trace's and the bonus token is the trace's next. Drafters, tuner, KV cache, batching, rollback, every
+  forward and every draw run and cost what they cost; only the choice of token comes from the trace
+  (benchmarks replay real rollouts through a model of the real shape with random weights). Sampled drafts are
+  not replayable (their acceptance depends on the target distribution, which the trace does not give):
+  proposing one for a replay request raises ``ValueError``.
 * Outputs: token ids, per-token logprobs (log-softmax of logits / temperature, before top-k/top-p; raw
   logits at temperature 0), finish reason (``eos`` | ``stop`` | ``length``), per-request timings and
   speculation counters. ``Engine.step_log`` keeps one ``StepRecord`` per decode step (active batch size,
@@ -90,7 +91,6 @@ from services.rollout_actor.verify_step import (
     committed_logprobs,
     committed_rows,
     fit_drafts,
-    point_masses,
     propose_drafts,
     record_spec,
 )
@@ -364,7 +364,7 @@ class Engine(AdmissionMixin):
         out = self._forward(batch)
         t_forward = time.perf_counter() - tf
         if batch.n:
-            nxt, paths = self._verify(batch, self._target_probs(batch, out.logits))
+            nxt, paths = self._verify(batch, batch.sampling.probs(out.logits))
         else:  # a plain step: sample each row's next token, as admission samples the first
             nxt, lps = self._sample_rows(out.logits[:, 0], rows, batch.sampling)
             paths = [[] for _ in rows]
@@ -461,25 +461,10 @@ class Engine(AdmissionMixin):
             row_lengths=[len(d) + 1 for d in batch.drafts] if batch.n else None,  # packed when it pays
         )
 
-    def _target_probs(self, batch: VerifyBatch, logits: torch.Tensor) -> torch.Tensor:
-        """``[B, N+1, V]`` processed target distribution of every input row (temperature, top-k, top-p); a
-        replay row's is the point mass on its trace's token at that row's output position (module docstring)."""
-        probs = batch.sampling.probs(logits)
-        replay = [i for i, r in enumerate(batch.rows) if r.req.reference is not None]
-        if replay:
-            targets = [
-                [
-                    self._reference_token(batch.rows[i], len(batch.rows[i].tokens) + dep)
-                    for dep in batch.depths[i]
-                ]
-                for i in replay
-            ]
-            point_masses(probs, replay, targets)
-        return probs
-
     def _verify(self, batch: VerifyBatch, probs: torch.Tensor) -> tuple[list[int], list[list[int]]]:
-        """Apply the lossless acceptance rule. Returns (the token each row samples after its accepted nodes
-        [B], each row's accepted node indices)."""
+        """Apply the lossless acceptance rule to the target distribution ``probs [B, N+1, V]``
+        (``SamplingBatch.probs``), a replay row's draws forced to its trace (module docstring). Returns (the
+        token each row samples after its accepted nodes [B], each row's accepted node indices)."""
         rows, drafts, b = batch.rows, batch.drafts, len(batch.rows)
         # Deterministic drafts: the uniforms of the positions this step can reach (coupled rule: the token at
         # position t is drawn with uniform t, as plain decoding draws it). Sampled drafts: len(draft) + 1 fresh
@@ -496,7 +481,10 @@ class Engine(AdmissionMixin):
             else:
                 u[i, :k] = torch.rand(k, generator=r.gen)
         greedy = batch.sampling.temperature <= 0
-        res = verify_tree(probs, drafts, u, greedy=greedy, coupled=True)
+        forced = None
+        if any(r.req.reference is not None for r in rows):  # depth d: output position len(tokens) + d
+            forced = torch.tensor([self._trace(r, batch.n + 1) for r in rows], device=probs.device)
+        res = verify_tree(probs, drafts, u, greedy=greedy, coupled=True, forced=forced)
         return res.next_token.tolist(), res.accepted_nodes
 
     def _commit_step(
@@ -561,6 +549,15 @@ class Engine(AdmissionMixin):
         """The token a replay request emits at output position ``t``: its trace's, then EOS."""
         ref = r.req.reference
         return ref[t] if t < len(ref) else self.replay_eos
+
+    def _trace(self, r: RunningRequest, n: int) -> list[int]:
+        """The tokens a replay request emits at its next ``n`` output positions (``_reference_token``); ``n``
+        times -1 for a request without a trace."""
+        if r.req.reference is None:
+            return [-1] * n
+        t = len(r.tokens)
+        seg = list(r.req.reference[t : t + n])
+        return seg + [self.replay_eos] * (n - len(seg))
 
     def _drafters_of(self, s: Strategy) -> list[Drafter]:
         if s.is_off:

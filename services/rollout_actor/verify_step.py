@@ -4,11 +4,10 @@
 row 0 of request b is its root (the last sampled token, not yet in the KV cache), rows 1..len(draft) its draft
 nodes in tree order, the rest padding (token 0, causal). Trees get per-row rotary positions (a node's depth)
 and an ancestor attention mask; chains and padding need neither (causal order is their tree order).
-``fit_drafts`` cuts drafts so that no row writes past its KV-cache slot. ``point_masses`` writes the trace
-replay targets; ``record_spec`` counts a verified draft in a request's ``SpecCounters``; ``chain_accepted``
-says what a draft's first-child chain had accepted (the tuner's counterfactual records); ``committed_rows``,
-``committed_logprobs`` and ``committed_hidden`` pick the committed positions' input rows, logprobs and hidden
-states.
+``fit_drafts`` cuts drafts so that no row writes past its KV-cache slot; ``record_spec`` counts a verified
+draft in a request's ``SpecCounters``; ``chain_accepted`` says what a draft's first-child chain had accepted
+(the tuner's counterfactual records); ``committed_rows``, ``committed_logprobs`` and ``committed_hidden`` pick
+the committed positions' input rows, logprobs and hidden states.
 """
 
 from __future__ import annotations
@@ -98,18 +97,6 @@ def build_verify_batch(
         pos = base.unsqueeze(1) + torch.tensor(depth_rows, device=dev)
         mask = torch.tensor(mask_rows, device=dev)
     return VerifyBatch(rows, strategies, drafts, n, slots, base, id_rows, depth_rows, pos, mask, sampling)
-
-
-def point_masses(probs: torch.Tensor, rows: list[int], targets: list[list[int]]) -> None:
-    """In place: ``probs[rows[j], k]`` := the point mass on ``targets[j][k]`` (``probs [B, R, V]``)."""
-    idx_b = [i for i, tg in zip(rows, targets) for _ in tg]
-    idx_r = [k for tg in targets for k in range(len(tg))]
-    idx_t = [x for tg in targets for x in tg]
-    dev = probs.device
-    probs[torch.tensor(rows, device=dev)] = 0
-    probs[
-        torch.tensor(idx_b, device=dev), torch.tensor(idx_r, device=dev), torch.tensor(idx_t, device=dev)
-    ] = 1
 
 
 def committed_hidden(

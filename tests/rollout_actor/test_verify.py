@@ -867,6 +867,62 @@ def test_coupled_tree_walk_accepts_the_child_drawn_at_each_depth():
     assert deep > 10
 
 
+@pytest.mark.parametrize("chains", [True, False])
+def test_forced_tokens_replace_the_draws_so_a_step_emits_them_and_accepts_exactly_the_matching_nodes(chains):
+    """Trace replay's form of the coupled rule: each depth's draw is replaced by the forced token (-1: the draw
+    stands), so a row emits its forced tokens: the nodes on the path of forced tokens, then the first forced
+    token without a matching child. Rows without forced tokens decode as without ``forced``."""
+    g = torch.Generator().manual_seed(23)
+    vocab, B, N = 4, 400, 6
+    target = torch.softmax(torch.randn(B, N + 1, vocab, generator=g), -1)
+    forced = torch.randint(0, vocab, (B, N + 1), generator=g)
+    forced[::4] = -1  # every 4th row is not replayed
+    trees = []
+    for b in range(B):  # drafts that follow the forced tokens for a while (a chain, or a tree around them)
+        n = int(torch.randint(0, N + 1, (1,), generator=g))
+        if chains:
+            toks = [
+                int(forced[b, d])
+                if d < n - 2 and forced[b, d] >= 0
+                else int(torch.randint(0, vocab, (1,), generator=g))
+                for d in range(n)
+            ]
+            trees.append(DraftTree(toks, list(range(-1, n - 1))))
+        else:
+            trees.append(_random_tree(g, vocab, n, width=3))
+    u = torch.rand(B, N + 1, generator=g)
+    res = verify_tree(target, trees, u, coupled=True, forced=forced)
+    free = verify_tree(target, trees, u, coupled=True)
+    _check_result_consistency(res)
+    deep = 0
+    for b, t in enumerate(trees):
+        if forced[b, 0] < 0:
+            assert (res.accepted_nodes[b], int(res.next_token[b])) == (
+                free.accepted_nodes[b],
+                int(free.next_token[b]),
+            )
+            continue
+        node, path = -1, []
+        while kids := [
+            c for c, p in enumerate(t.parents) if p == node and t.tokens[c] == int(forced[b, len(path)])
+        ]:
+            node = kids[0]
+            path.append(node)
+        assert res.accepted_nodes[b] == path and int(res.next_token[b]) == int(forced[b, len(path)])
+        deep += len(path) >= 2
+    assert deep > 10
+    with pytest.raises(ValueError, match="coupled"):
+        verify_tree(target, trees, u, forced=forced)  # the sequential rule has no draws to replace
+    with pytest.raises(ValueError, match="forced"):
+        verify_tree(target, trees, u, coupled=True, forced=forced[:, :1])
+    sampled = [trees[0], DraftTree([0], [-1], torch.full((1, vocab), 1.0 / vocab)), *trees[2:]]
+    with pytest.raises(ValueError, match="sampled draft"):  # row 1 is replayed
+        verify_tree(target, sampled, u, coupled=True, forced=forced)
+    verify_tree(
+        target, [sampled[1], *trees[1:]], u, coupled=True, forced=forced
+    )  # row 0 is not: its rule stands
+
+
 # --------------------------------------------------------------------------------------------------------------
 # 6. Algebra of the residuals
 # --------------------------------------------------------------------------------------------------------------

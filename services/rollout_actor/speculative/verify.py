@@ -54,6 +54,11 @@ within ~1e-6 of a CDF boundary). That makes lossless a per-token identity one ca
 of different drafters comparable on identical work. Requests with sampled drafts (``probs`` set) keep the
 sequential rule above, with their row of ``uniforms`` as the sequential rule reads it.
 
+*Forced tokens* (``forced [B, M]`` long, -1: none; trace replay): the token drawn at depth d of request b is
+replaced by ``forced[b, d]`` when that is >= 0, after the draw (a forced step costs what a sampled one does).
+The step then emits the forced tokens: a draft node is accepted iff it is the forced token of its depth, and
+the next token is the forced one of the first depth without such a child. Point-mass drafts only.
+
 Uniforms (reproducibility)
 --------------------------
 Request b consumes its own row ``uniforms[b]`` in a fixed order: ``uniforms[b, j]`` decides its j-th accept
@@ -329,6 +334,7 @@ def verify_tree(
     uniforms: torch.Tensor,
     greedy: torch.Tensor | None = None,
     coupled: bool = False,
+    forced: torch.Tensor | None = None,
 ) -> VerifyResult:
     """Verify a batch of draft trees (chains included) losslessly; see the module docstring for the rule.
 
@@ -343,6 +349,7 @@ def verify_tree(
         greedy: ``[B]`` bool or None.
         coupled: point-mass requests use the coupled form of the rule (``uniforms[b, d]`` = the uniform of
             depth d; module docstring); requests with ``probs`` keep the sequential rule.
+        forced: ``[B, M]`` long or None: forced tokens (module docstring), with ``coupled`` only.
 
     Returns:
         ``VerifyResult``.
@@ -350,9 +357,12 @@ def verify_tree(
     Raises:
         ValueError: on shape mismatches (target_probs not 3-D, ``len(drafts) != B``, a draft longer than N,
             ``len(parents) != len(tokens)``, parents not topological, token ids outside ``[0, V)``, probs not
-            ``[len, V]``, uniforms not ``[B, M]`` or too short, greedy not ``[B]``).
+            ``[len, V]``, uniforms not ``[B, M]`` or too short, greedy not ``[B]``, forced not ``[B, >= M]``,
+            without ``coupled``, or for a request with ``probs``).
     """
-    return _verify_tree_impl(target_probs, drafts, uniforms, greedy, chain_fast_path=True, coupled=coupled)
+    return _verify_tree_impl(
+        target_probs, drafts, uniforms, greedy, chain_fast_path=True, coupled=coupled, forced=forced
+    )
 
 
 def _verify_tree_impl(
@@ -362,6 +372,7 @@ def _verify_tree_impl(
     greedy: torch.Tensor | None,
     chain_fast_path: bool,
     coupled: bool = False,
+    forced: torch.Tensor | None = None,
 ) -> VerifyResult:
     if target_probs.dim() != 3:
         raise ValueError(f"verify_tree: target_probs must be [B, N+1, V], got {tuple(target_probs.shape)}")
@@ -403,6 +414,15 @@ def _verify_tree_impl(
         raise ValueError(f"verify_tree: drafts[{b}].tokens[{i}]={int(tokens[b, i])} outside [0, V={V})")
 
     with_probs = [b for b, t in enumerate(drafts) if t.probs is not None]
+    if forced is not None:
+        if not coupled or forced.dim() != 2 or forced.shape[0] != B or forced.shape[1] < n_max + 1:
+            raise ValueError(
+                f"verify_tree: forced must be [B={B}, >= {n_max + 1}] with coupled=True, got "
+                f"{tuple(forced.shape)} (coupled={coupled})"
+            )
+        if with_probs and bool((forced[with_probs] >= 0).any()):
+            raise ValueError("verify_tree: forced tokens for a request with a sampled draft (probs set)")
+        forced = forced.to(dev)
     if coupled and 0 < len(with_probs) < B:
         # mixed batch: sampled drafts take the sequential rule, point-mass drafts the coupled one; each rule
         # runs on its own rows only
@@ -412,8 +432,9 @@ def _verify_tree_impl(
         num_accepted = torch.empty(B, dtype=torch.long, device=dev)
         for rows, rule in ((with_probs, False), (point, True)):
             sub = [drafts[b] for b in rows]
+            sub_forced = forced[point] if rule and forced is not None else None
             r = _verify_tree_impl(
-                target_probs[rows], sub, uniforms[rows], greedy_t[rows], chain_fast_path, coupled=rule
+                target_probs[rows], sub, uniforms[rows], greedy_t[rows], chain_fast_path, rule, sub_forced
             )
             for j, b in enumerate(rows):
                 nodes[b] = r.accepted_nodes[j]
@@ -437,8 +458,8 @@ def _verify_tree_impl(
         iid = torch.tensor([t.iid_siblings for t in drafts], dtype=torch.bool, device=dev)
         return _walk(target_probs, tokens, parents, valid, q, has_probs, iid, uniforms, greedy_t)
     if chain_fast_path and is_chain:
-        return _coupled_chain(target_probs[:, : n_max + 1], tokens, lens_t, uniforms, greedy_t)
-    return _coupled_walk(target_probs, tokens, parents, valid, uniforms, greedy_t)
+        return _coupled_chain(target_probs[:, : n_max + 1], tokens, lens_t, uniforms, greedy_t, forced)
+    return _coupled_walk(target_probs, tokens, parents, valid, uniforms, greedy_t, forced)
 
 
 def _sample_or_argmax(p: torch.Tensor, u: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
@@ -453,14 +474,18 @@ def _coupled_chain(
     num_draft: torch.Tensor,
     uniforms: torch.Tensor,
     greedy: torch.Tensor,
+    forced: torch.Tensor | None = None,
 ) -> VerifyResult:
-    """Coupled rule for chains, vectorized: draw every depth's token at once, accept the matching prefix."""
+    """Coupled rule for chains, vectorized: draw every depth's token at once (``forced`` ones replaced), accept
+    the matching prefix."""
     B, R, V = target_probs.shape
     K = R - 1
     dev = target_probs.device
     u = uniforms.to(dev)[:, :R]  # M >= R: checked by the caller (rows were cut to the longest draft + 1)
     g = greedy.view(B, 1).expand(B, R).reshape(-1)
     y = _sample_or_argmax(target_probs.reshape(B * R, V), u.reshape(-1), g).view(B, R)
+    if forced is not None:
+        y = torch.where(forced[:, :R] >= 0, forced[:, :R], y)
     valid = torch.arange(K, device=dev).unsqueeze(0) < num_draft.to(dev).unsqueeze(1)
     n = ((y[:, :K] == tokens) & valid).long().cumprod(1).sum(1) if K else y.new_zeros(B)
     next_token = y[torch.arange(B, device=dev), n]
@@ -474,8 +499,10 @@ def _coupled_walk(
     valid: torch.Tensor,
     uniforms: torch.Tensor,
     greedy: torch.Tensor,
+    forced: torch.Tensor | None = None,
 ) -> VerifyResult:
-    """Coupled rule for trees: one draw per depth; descend into the first child whose token matches it."""
+    """Coupled rule for trees: one draw per depth (``forced`` ones replaced); descend into the first child whose
+    token matches it."""
     B, n_max = tokens.shape
     dev = target_probs.device
     ar = torch.arange(B, device=dev)
@@ -487,6 +514,8 @@ def _coupled_walk(
     path = torch.full((B, max(n_max, 1)), -1, dtype=torch.long, device=dev)
     for _ in range(n_max + 1):
         y = _sample_or_argmax(target_probs[ar, slot], u_all[ar, depth], greedy)
+        if forced is not None:
+            y = torch.where(forced[ar, depth] >= 0, forced[ar, depth], y)
         match = valid & (parents == (slot - 1).unsqueeze(1)) & (tokens == y.unsqueeze(1))
         has = match.any(1) & walking
         stop = walking & ~has
