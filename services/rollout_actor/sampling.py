@@ -11,7 +11,9 @@ Contract
   ``torch.Generator`` seeded from its own seed, and the engine draws that request's uniforms from it, so
   a request's tokens depend only on its seed and prompt, never on which other requests share the batch.
 * ``SamplingBatch`` holds a batch's parameters as device tensors and as what the host knows of them (any
-  top-k, any top-p, which rows are greedy), so that ``processed_probs`` branches without reading the device.
+  top-k, any top-p, which rows are greedy, whether all rows sample at T = 1), so that ``processed_probs``
+  branches without reading the device; a batch at T = 1 without top-k or top-p (RL rollouts) takes
+  ``softmax(logits)`` directly: the same values (x / 1 == x), without the general path's passes.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class SamplingBatch:
     greedy: tuple[bool, ...]  # [B] temperature == 0 (host)
     any_top_k: bool  # some row keeps fewer than the whole vocabulary by top-k
     any_top_p: bool  # some row has top_p < 1
+    unit_temperature: bool = False  # every row samples at temperature 1 (host)
 
     @staticmethod
     def of(params: Sequence[SamplingParams], vocab_size: int, device: torch.device | str) -> SamplingBatch:
@@ -46,10 +49,13 @@ class SamplingBatch:
             tuple(t <= 0 for t in temp),
             any(0 < p.top_k < vocab_size for p in params),
             any(p.top_p < 1.0 for p in params),
+            all(t == 1.0 for t in temp),
         )
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """``processed_probs`` of ``logits [B, ..., V]`` with row b's parameters; ``[B, ..., V]`` fp32."""
+        if self.unit_temperature and not (self.any_top_k or self.any_top_p):
+            return torch.softmax(logits.float(), dim=-1)
         lead = (-1,) + (1,) * (logits.dim() - 2)
         shape = logits.shape[:-1]
         return processed_probs(

@@ -1,4 +1,5 @@
-"""``SamplingBatch``: the processed distribution from host-known flags equals the one read from the device."""
+"""``SamplingBatch``: the processed distribution from host-known flags (the T = 1 shortcut included) equals the
+one read from the device, bit for bit."""
 
 import torch
 
@@ -10,7 +11,8 @@ def test_sampling_batch_probs_equal_processed_probs_read_from_the_tensors():
     vocab = 50
     logits = torch.randn(5, 3, vocab, generator=torch.Generator().manual_seed(0)) * 3
     cases = [
-        [SamplingParams(temperature=1.0)] * 5,  # no top-k, no top-p, no greedy
+        [SamplingParams(temperature=1.0)] * 5,  # no top-k, no top-p, no greedy: softmax(logits) directly
+        [SamplingParams(temperature=1.0, top_p=0.8)] * 5,  # T = 1 with top-p: the general path
         [SamplingParams(temperature=0.0)] * 5,  # all greedy
         [
             SamplingParams(temperature=0.0),
@@ -25,6 +27,7 @@ def test_sampling_batch_probs_equal_processed_probs_read_from_the_tensors():
         assert batch.greedy == tuple(p.temperature == 0 for p in params)
         assert batch.any_top_k == any(0 < p.top_k < vocab for p in params)
         assert batch.any_top_p == any(p.top_p < 1 for p in params)
+        assert batch.unit_temperature == all(p.temperature == 1 for p in params)
         want = processed_probs(
             logits,
             batch.temperature.view(-1, 1).expand(5, 3),
