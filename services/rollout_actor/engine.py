@@ -297,7 +297,7 @@ class Engine(AdmissionMixin):
         else:
             u = torch.stack([r.u_pos[len(r.tokens)] for r in rows]).to(self.device)
             tok = sample_from_probs(sampling.probs(logits), u)
-        refs = [self._reference_token(r, len(r.tokens)) if r.req.reference is not None else -1 for r in rows]
+        refs = [self._trace(r, 1)[0] for r in rows]
         if any(t >= 0 for t in refs):
             ref = torch.tensor(refs, device=self.device)
             tok = torch.where(ref >= 0, ref, tok)
@@ -545,13 +545,8 @@ class Engine(AdmissionMixin):
                 finished.append(self._finish(r))
         return finished, committed, drafted, accepted
 
-    def _reference_token(self, r: RunningRequest, t: int) -> int:
-        """The token a replay request emits at output position ``t``: its trace's, then EOS."""
-        ref = r.req.reference
-        return ref[t] if t < len(ref) else self.replay_eos
-
     def _trace(self, r: RunningRequest, n: int) -> list[int]:
-        """The tokens a replay request emits at its next ``n`` output positions (``_reference_token``); ``n``
+        """The tokens a replay request emits at its next ``n`` output positions: its trace's, then EOS; ``n``
         times -1 for a request without a trace."""
         if r.req.reference is None:
             return [-1] * n
