@@ -89,11 +89,9 @@ import torch
 
 from services.rollout_actor.sampling import sample_from_probs
 from services.rollout_actor.speculative.base import DraftTree
+from services.rollout_actor.speculative.residual import point_mass_residual, residual, work_dtype
 
 __all__ = ["VerifyResult", "point_mass_residual", "residual", "verify_chain", "verify_tree"]
-
-# A residual whose total mass is at most this is treated as empty (falls back to p).
-_MASS_EPS = 1e-12
 
 
 @dataclass
@@ -108,68 +106,6 @@ class VerifyResult:
     accepted_nodes: list[list[int]]
     next_token: torch.Tensor
     num_accepted: torch.Tensor
-
-
-def _work_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _normalize_or_fallback(w: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """``w / w.sum(-1)`` per row; rows whose mass is <= _MASS_EPS are replaced by ``p / p.sum(-1)``."""
-    mass = w.sum(-1, keepdim=True)
-    ok = mass > _MASS_EPS
-    p_norm = p / p.sum(-1, keepdim=True)
-    return torch.where(ok, w / torch.where(ok, mass, torch.ones_like(mass)), p_norm)
-
-
-def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Residual distribution after rejecting a draw from q: ``norm(max(0, p - q))``.
-
-    Args:
-        p: ``[..., V]`` target probabilities.
-        q: ``[..., V]`` draft probabilities (same shape as p).
-
-    Returns:
-        ``[..., V]`` probabilities summing to 1 (fp32, or fp64 for fp64 input). Rows where ``max(0, p - q)``
-        has no mass (p == q; a rejection cannot happen there in exact arithmetic) fall back to ``norm(p)``.
-
-    Raises:
-        ValueError: if the shapes differ.
-    """
-    if p.shape != q.shape:
-        raise ValueError(
-            f"residual: p and q must have the same shape, got {tuple(p.shape)} and {tuple(q.shape)}"
-        )
-    dt = _work_dtype(torch.promote_types(p.dtype, q.dtype))
-    p = p.to(dt)
-    return _normalize_or_fallback((p - q.to(dt)).clamp(min=0), p)
-
-
-def point_mass_residual(p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """Residual after rejecting a point-mass draft at x: p with token x removed, renormalized.
-
-    Equals ``residual(p, onehot(x) * p(x))``.
-
-    Args:
-        p: ``[..., V]`` target probabilities.
-        x: ``[...]`` long token ids (the leading shape of p).
-
-    Returns:
-        ``[..., V]`` probabilities (fp32, or fp64 for fp64 input). Rows where p(x) == 1 (nothing left; a
-        rejection cannot happen there) fall back to ``norm(p)``.
-
-    Raises:
-        ValueError: if x's shape is not ``p.shape[:-1]`` or a token id is outside ``[0, V)``.
-    """
-    if tuple(x.shape) != tuple(p.shape[:-1]):
-        raise ValueError(
-            f"point_mass_residual: x must have shape {tuple(p.shape[:-1])} (p's leading dims), got {tuple(x.shape)}"
-        )
-    if x.numel() and (int(x.min()) < 0 or int(x.max()) >= p.shape[-1]):
-        raise ValueError(f"point_mass_residual: token ids must lie in [0, {p.shape[-1]})")
-    p = p.to(_work_dtype(p.dtype))
-    w = p.scatter(-1, x.long().unsqueeze(-1), 0.0)
-    return _normalize_or_fallback(w, p)
 
 
 def _check_uniforms_greedy(
@@ -204,7 +140,7 @@ def _chain_core(
     B, _, V = target_probs.shape
     K = tokens.shape[1]
     dev = target_probs.device
-    wdt = _work_dtype(target_probs.dtype)
+    wdt = work_dtype(target_probs.dtype)
     ar = torch.arange(B, device=dev)
     num_draft = num_draft.to(dev).long()
     greedy = greedy.to(dev)
@@ -446,7 +382,7 @@ def _verify_tree_impl(
     q = None
     if with_probs:
         has_probs[with_probs] = True
-        q = torch.zeros(B, n_max, V, dtype=_work_dtype(target_probs.dtype), device=dev)
+        q = torch.zeros(B, n_max, V, dtype=work_dtype(target_probs.dtype), device=dev)
         rows = torch.cat([drafts[b].probs for b in with_probs]).to(device=dev, dtype=q.dtype)
         node_idx = valid[has_probs].nonzero()  # [total nodes, 2]: (index into with_probs, node)
         q[torch.tensor(with_probs, dtype=torch.long, device=dev)[node_idx[:, 0]], node_idx[:, 1]] = rows
@@ -548,7 +484,7 @@ def _walk(
     B = target_probs.shape[0]
     n_max = tokens.shape[1]
     dev = target_probs.device
-    wdt = _work_dtype(target_probs.dtype)
+    wdt = work_dtype(target_probs.dtype)
 
     # Tree structure: first child of each slot (slot 0 = root, 1+i = node i) and next sibling of each node.
     pos = torch.arange(n_max, device=dev)
