@@ -293,8 +293,8 @@ def verify_tree(
     Raises:
         ValueError: on shape mismatches (target_probs not 3-D, ``len(drafts) != B``, a draft longer than N,
             ``len(parents) != len(tokens)``, parents not topological, token ids outside ``[0, V)``, probs not
-            ``[len, V]``, uniforms not ``[B, M]`` or too short, greedy not ``[B]``, forced not ``[B, >= M]``,
-            without ``coupled``, or for a request with ``probs``).
+            ``[len, V]``, uniforms not ``[B, M]`` or too short, greedy not ``[B]``, forced not ``[B, >= longest
+            draft + 1]``, without ``coupled``, or >= 0 for a request with ``probs``).
     """
     return _verify_tree_impl(
         target_probs, drafts, uniforms, greedy, chain_fast_path=True, coupled=coupled, forced=forced
