@@ -152,6 +152,17 @@ def _requests(n, problem=lambda j: f"p{j}"):
     return [DraftRequest(f"r{j}", problem(j), [1, 2, 3], 2) for j in range(n)]
 
 
+def batch1_table(records: dict[str, tuple[float, float, int]]) -> dict:
+    """The table of a bandit over ``off`` and ``records``' arms (no regret budget) that observed, at batch 1,
+    each arm's ``(tokens, seconds, n)``: ``n`` steps of ``tokens`` in ``seconds`` (+-5% alternately)."""
+    bandit = BucketedBandit(parse_arms(list(records)), BanditConfig(regret_budget=0.0))
+    for k in range(8):
+        for arm, (tokens, seconds, n) in records.items():
+            if k < n:
+                bandit.observe(1, arm, tokens, seconds * (1.05 if k % 2 else 0.95))
+    return bandit.table()
+
+
 def play_chains(sel, steps, accepted_up_to, seconds):
     """``steps`` single-request steps of suffix chains: a chain of k nodes has ``min(k, accepted_up_to)``
     accepted and takes ``seconds[k]``. Returns each step's k."""
@@ -442,14 +453,7 @@ def test_a_longer_chain_is_probed_without_budget_while_the_bests_drafts_are_acce
     # committing 8 tokens per 15 ms against k4's 5 per 12 ms, takes over. Up to 2: k4's drafts end in a
     # rejection, not at their length, and k8 waits for a budget
     k4, k8 = "suffix-k4-w1", "suffix-k8-w1"
-    bandit = BucketedBandit(parse_arms(["off", k4, k8]), BanditConfig(regret_budget=0.0))
-    for k in range(8):
-        jitter = 1.05 if k % 2 else 0.95
-        bandit.observe(1, "off", 1, 0.010 * jitter)
-        bandit.observe(1, k4, 3, 0.012 * jitter)
-        if k < k8_records:
-            bandit.observe(1, k8, 2.5, 0.015 * jitter)
-    table = bandit.table()
+    table = batch1_table({"off": (1, 0.010, 8), k4: (3, 0.012, 8), k8: (2.5, 0.015, k8_records)})
     assert table["buckets"][0]["best"] == k4
     assert k8 in table["buckets"][0]["explore" if k8_records else "probe"]
     played = play_chains(StrategySelector(table, clock="engine"), 60, accepted_up_to, {4: 0.012, 8: 0.015})
@@ -466,14 +470,7 @@ def test_a_shorter_chain_takes_over_only_when_this_rollouts_steps_show_it_faster
     # commits 8 per 15 ms, and its steps say k4 would commit 5 (at k4's 10 ms in the table), slower. Blended
     # with the table's records, k4's beat k8's; this rollout's records alone do not: k8 stays the best
     k4, k8 = "suffix-k4-w1", "suffix-k8-w1"
-    bandit = BucketedBandit(parse_arms(["off", k4, k8]), BanditConfig(regret_budget=0.0))
-    for k in range(8):
-        jitter = 1.05 if k % 2 else 0.95
-        bandit.observe(1, "off", 1, 0.020 * jitter)
-        bandit.observe(1, k8, 1.5, 0.015 * jitter)
-        if k < 3:
-            bandit.observe(1, k4, 9, 0.010 * jitter)
-    table = bandit.table()
+    table = batch1_table({"off": (1, 0.020, 8), k8: (1.5, 0.015, 8), k4: (9, 0.010, 3)})
     assert table["buckets"][0]["best"] == k8
     played = play_chains(StrategySelector(table, clock="engine"), 60, 7, {4: 0.010, 8: 0.015})
     assert set(played) == {8}, played
