@@ -4,13 +4,14 @@ Run from the repository root::
 
     python -m benchmarks.trace_replay [--quick] [--shapes tiny,qwen2.5-0.5b] [--batches 1,8,32,128]
                                       [--device cpu|cuda] [--problems 40] [--warm-problems 10] [--rounds 3]
-                                      [--arms suffix-k8,...] [--warm-passes 3]
+                                      [--arms suffix-k8,...] [--warm-passes 3] [--warm-ups 1]
 
 For each shape (``services/rollout_actor/shapes.py``: the embedded ``tiny`` policy, or Qwen2.5 / Llama-3.1
 sizes with random weights) and max batch size (continuous batching), the engine replays the recorded responses
 of ``data/traces/qwen25-math-math-cot`` (``workload.py``: epoch 0 = history, epoch 1 measured, 4 responses per
 problem submitted together) under plain decoding, every fixed deterministic drafter arm, the adaptive tuner
-(warmed up on the next ``--warm-problems`` problems of the file and the history epoch: ``runner.py``), and
+(warmed up on the next ``--warm-problems`` problems of the file and the history epoch: ``runner.py``; with
+``--warm-ups N``, N tuners each warmed up on its own, the headline's adaptive figures their mean), and
 ``plain-again`` (the A/A control), all in this one process, in rounds: on CPU each round decodes every
 configuration in lock step (side by side, one engine step each in a shuffled order, each charged its own
 steps' seconds: ``ReplayBench.run_lockstep``), so all see the machine's speed of the same moments; on CUDA
@@ -90,6 +91,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "large-batch buckets unsettled)",
     )
     ap.add_argument(
+        "--warm-ups",
+        type=int,
+        default=1,
+        help="adaptive tuners, each warmed up on its own and measured side by side (adaptive, adaptive-2, ...); "
+        "the headline's adaptive figures are their mean",
+    )
+    ap.add_argument(
         "--sequential",
         action="store_true",
         help="on CPU too, run each configuration alone, one after another (the default on CUDA)",
@@ -132,7 +140,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.rounds = a.rounds or (2 if a.quick else 3)
     a.arms = a.arms or (list(QUICK_ARMS) if a.quick else None)
     try:
-        a.configs = all_configs(a.arms)
+        a.configs = all_configs(a.arms, a.warm_ups)
     except ValueError as e:
         ap.error(str(e))
     return a
@@ -194,7 +202,7 @@ def run(args: argparse.Namespace) -> dict:
                 flush=True,
             )
             bench = ReplayBench(model, problems, batch, args.longtail_batch, args.seed, warm_problems)
-            warm = bench.warm(args.warm_passes, decode_history=not args.history_from_trace)
+            warm = bench.warm(args.warm_passes, not args.history_from_trace, args.warm_ups)
             tuner = {"after_warm_up": bench.tuner_snapshot()}
             history = (
                 f"exact history {warm['exact']}/{warm['history_requests']}"
@@ -203,7 +211,7 @@ def run(args: argparse.Namespace) -> dict:
             )
             print(
                 f"[trace_replay]   b={batch}: warm-up (the history epoch, then {warm['warm_problems']} other "
-                f"problems x {warm['passes']}) {warm['seconds']:.1f}s, {history}",
+                f"problems x {warm['passes']}; {warm['warm_ups']} warm-up(s)) {warm['seconds']:.1f}s, {history}",
                 flush=True,
             )
             runs = []

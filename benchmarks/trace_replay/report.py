@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.trace_replay.runner import ADAPTIVE, FIXED_ARMS, PLAIN, PLAIN_AGAIN, ReplayRun
+from benchmarks.trace_replay.runner import FIXED_ARMS, PLAIN, PLAIN_AGAIN, ReplayRun, adaptive_index
 
 HEADLINE_KEYS = (
     "device",
@@ -135,14 +135,44 @@ def _step_ms(rs: Sequence[ReplayRun]) -> dict | None:
     return out
 
 
+def _mean(xs: Sequence[float | None]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.fmean(xs) if xs else None
+
+
+def _adaptive(cs: dict) -> dict:
+    """The adaptive policy's figures over its warm-ups (``adaptive``, ``adaptive-2``, ...): each speedup the mean
+    of the warm-ups' (each a median over rounds), its range over every run of every warm-up, and per warm-up its
+    long-tail and makespan speedups."""
+    ads = [cs[c] for c in cs if adaptive_index(c) is not None]
+    ranges = [d["longtail_speedup_range"] for d in ads if d.get("longtail_speedup_range")]
+    out = {
+        k: _mean([d[k] for d in ads])
+        for k in ("longtail_speedup", "makespan_speedup", "longtail_cpu_speedup")
+    }
+    out["longtail_speedup_range"] = [min(r[0] for r in ranges), max(r[1] for r in ranges)] if ranges else None
+    out["warm_ups"] = [[d["longtail_speedup"], d["makespan_speedup"]] for d in ads]
+    return out
+
+
 def headline(device: str, shape: str, batch: int, summary: dict) -> dict:
     """The headline entry (``HEADLINE_KEYS``, plus the CPU-time speedups, the A/A spread and the fraction of
     outputs equal to their trace): the best fixed arm by long-tail speedup, its speedup and tau
-    (``tau_best``), and the adaptive policy's long-tail and makespan speedups."""
+    (``tau_best``), and the adaptive policy's long-tail and makespan speedups (``_adaptive``: the mean over its
+    warm-ups, ``adaptive_warm_ups`` each warm-up's pair); ``adaptive_vs_best_fixed``: the adaptive policy's
+    long-tail speedup over the best fixed arm's, and its makespan speedup over the highest fixed arm's."""
     cs = summary["configs"]
     fixed = [c for c in cs if c in FIXED_ARMS and cs[c]["longtail_speedup"] is not None]
     best = max(fixed, key=lambda c: cs[c]["longtail_speedup"]) if fixed else None
-    ad = cs.get(ADAPTIVE, {})
+    ad = _adaptive(cs)
+    best_makespan = max((cs[c]["makespan_speedup"] for c in fixed), default=None)
+    ratio = [
+        a / b if a is not None and b else None
+        for a, b in (
+            (ad["longtail_speedup"], cs[best]["longtail_speedup"] if best else None),
+            (ad["makespan_speedup"], best_makespan),
+        )
+    ]
     return {
         "device": device,
         "shape": shape,
@@ -157,6 +187,8 @@ def headline(device: str, shape: str, batch: int, summary: dict) -> dict:
         "long_tail_cpu_speedup_adaptive": ad.get("longtail_cpu_speedup"),
         "long_tail_speedup_range_best_fixed": cs[best]["longtail_speedup_range"] if best else None,
         "long_tail_speedup_range_adaptive": ad.get("longtail_speedup_range"),
+        "adaptive_warm_ups": ad["warm_ups"],
+        "adaptive_vs_best_fixed": {"long_tail": ratio[0], "makespan": ratio[1]},
         "aa_spread": summary["aa"]["spread"],
         "exact_fraction": min((c["exact_fraction"] for c in cs.values()), default=None),
     }
@@ -169,6 +201,32 @@ def _f(x, fmt="{:.2f}") -> str:
 def _range(r) -> str:
     """`` (lo-hi)`` of a speedup's range over rounds; empty with one round or none."""
     return "" if not r or r[0] == r[1] else f" ({r[0]:.2f}-{r[1]:.2f})"
+
+
+def _warm_ups(settings: dict) -> str:
+    """The markdown's sentence on several warm-ups (``--warm-ups``); empty for one."""
+    n = settings.get("warm_ups", 1)
+    if n <= 1:
+        return ""
+    return (
+        f"adaptive = the mean over {n} tuners, each warmed up on its own and measured side by side with the "
+        "others (`adaptive`, `adaptive-2`, ...: one warm-up is one draw of what it leaves in the buckets few "
+        "steps reach); its range covers every run of every warm-up. "
+    )
+
+
+def _vs_best(h: dict) -> str:
+    """``adaptive_vs_best_fixed``'s two ratios, then each warm-up's in brackets (several warm-ups only)."""
+    vs = h.get("adaptive_vs_best_fixed") or {}
+    text = f"{_f(vs.get('long_tail'), '{:.3f}')}, {_f(vs.get('makespan'), '{:.3f}')}"
+    ups, lt = h.get("adaptive_warm_ups") or [], h.get("long_tail_speedup_best_fixed")
+    if len(ups) > 1 and lt:
+        text += (
+            " (long tail per warm-up: "
+            + " / ".join(_f(u[0] / lt if u[0] else None, "{:.3f}") for u in ups)
+            + ")"
+        )
+    return text
 
 
 def _machine(result: dict) -> str:
@@ -218,21 +276,25 @@ def write_markdown(result: dict, path: Path) -> str:
         "A/A = |1 - plain/plain-again|, largest over rounds (wall time; CPU-time ratios are steadier on a shared "
         "CPU); (lo-hi): a long-tail speedup's range over rounds (a configuration's long tail falls in other "
         "moments than plain's: the run-to-run spread, which the A/A does not show). tau (best) = the best fixed "
-        "arm's. Device: "
+        "arm's. "
+        + _warm_ups(result["settings"])
+        + "adaptive / best fixed: the adaptive long-tail speedup over the best fixed arm's, and its makespan "
+        "speedup over the highest fixed arm's. Device: "
         f"{result['device']}{_machine(result)}."
         + (" `--quick` run." if result["settings"].get("quick") else ""),
         "",
         "| shape | batch | best fixed arm | long-tail x (best fixed) | long-tail x (adaptive) "
-        "| makespan x (adaptive) | long-tail CPU x (best fixed / adaptive) | tau (best) | A/A spread "
-        "| replay exact |",
-        "|---|---:|---|---:|---:|---:|---|---:|---:|---:|",
+        "| makespan x (adaptive) | adaptive / best fixed: long tail, makespan "
+        "| long-tail CPU x (best fixed / adaptive) | tau (best) | A/A spread | replay exact |",
+        "|---|---:|---|---:|---:|---:|---|---|---:|---:|---:|",
     ]
     for h in result["headline"]:
         lines.append(
             f"| {h['shape']} | {h['batch']} | {h['best_fixed_arm'] or '-'} "
             f"| {_f(h['long_tail_speedup_best_fixed'])}{_range(h.get('long_tail_speedup_range_best_fixed'))} "
             f"| {_f(h['long_tail_speedup_adaptive'])}{_range(h.get('long_tail_speedup_range_adaptive'))} "
-            f"| {_f(h['makespan_speedup_adaptive'])} | {_f(h.get('long_tail_cpu_speedup_best_fixed'))} / "
+            f"| {_f(h['makespan_speedup_adaptive'])} | {_vs_best(h)} "
+            f"| {_f(h.get('long_tail_cpu_speedup_best_fixed'))} / "
             f"{_f(h.get('long_tail_cpu_speedup_adaptive'))} | {_f(h['tau_best'])} | {_f(h['aa_spread'], '{:.3f}')} "
             f"| {_f(h['exact_fraction'], '{:.0%}')} |"
         )
@@ -260,9 +322,10 @@ def write_markdown(result: dict, path: Path) -> str:
                 f"| {_f(d['longtail_cpu_speedup'])} | {_f(d['tau'])} | {acc} | {ms} "
                 f"| {_f(d.get('eager_forwards'), '{:d}')} |"
             )
-        ad = blk["summary"]["configs"].get(ADAPTIVE, {}).get("strategies")
-        if ad:
-            lines += ["", "Adaptive decode steps per arm: " + ", ".join(f"{k} {v}" for k, v in ad.items())]
+        for c, d in blk["summary"]["configs"].items():
+            if adaptive_index(c) is not None and d.get("strategies"):
+                played = ", ".join(f"{k} {v}" for k, v in d["strategies"].items())
+                lines += ["", f"Decode steps per arm, `{c}`: {played}"]
         lines += _by_batch_table(blk["summary"]["configs"])
     text = "\n".join(lines) + "\n"
     path.write_text(text)
@@ -271,7 +334,7 @@ def write_markdown(result: dict, path: Path) -> str:
 
 def _by_batch_table(cs: dict) -> list[str]:
     """Markdown: each configuration's throughput by active batch size bucket as a multiple of plain's there,
-    and the strategy adaptive played most in each bucket (with its share of the bucket's steps)."""
+    and the strategy each adaptive warm-up played most in each bucket (with its share of the bucket's steps)."""
     labels = list(cs.get(PLAIN, {}).get("by_batch", {}))
     if not labels:
         return []
@@ -290,14 +353,13 @@ def _by_batch_table(cs: dict) -> list[str]:
             continue
         row = d.get("by_batch", {})
         lines.append(f"| {c} | " + " | ".join(_f(row.get(b, {}).get("vs_plain")) for b in labels) + " |")
-    ad = cs.get(ADAPTIVE, {}).get("by_batch", {})
-    if ad:
+    for c in (c for c in cs if adaptive_index(c) is not None and cs[c].get("by_batch")):
         most = []
         for b in labels:
-            st = ad.get(b, {}).get("strategies") or {}
+            st = cs[c]["by_batch"].get(b, {}).get("strategies") or {}
             k = next(iter(st), None)
             most.append("-" if k is None else f"{k} ({st[k] / sum(st.values()):.0%})")
-        lines.append("| adaptive: most played | " + " | ".join(most) + " |")
+        lines.append(f"| {c}: most played | " + " | ".join(most) + " |")
     return lines
 
 

@@ -11,8 +11,11 @@ k3/k5), and ``adaptive`` (the tuner: ``StrategySelector`` over a
 (``ReplayBench.warm``): before the measured runs it decodes the measured problems' history epoch and, with their
 history epoch in the drafter, the measured epoch of other problems of the trace file, and its observations are
 merged into the tuner after every run, measured runs included (the table persists across RL steps in a real
-run). The learned drafter and ``hybrid`` are left out: their drafts are sampled at temperature > 0, which trace
-replay cannot verify (the engine raises).
+run). With ``warm_ups`` > 1, ``adaptive-2``, ``adaptive-3``, ...: as many tuners warmed up the same way, each
+on its own (selector seed ``seed + k``), measured side by side: what the warm-up decides (a table's best arm in
+the buckets that few steps reach) varies from one warm-up to the next, and one warm-up is one draw of it. The
+learned drafter and ``hybrid`` are left out: their drafts are sampled at temperature > 0, which trace replay
+cannot verify (the engine raises).
 
 Every run starts from the same drafter state: the suffix drafter holds the history epoch's responses (their
 problem and global tries), the n-gram drafter nothing; within a run they learn online (a request's own tokens,
@@ -46,6 +49,21 @@ from services.rollout_actor.speculative.strategy import FixedStrategy, Strategy
 from services.tuner.bandit import BanditConfig, bucket_index, gate_table
 
 PLAIN, PLAIN_AGAIN, ADAPTIVE = "plain", "plain-again", "adaptive"
+
+
+def adaptive_name(k: int) -> str:
+    """The configuration of the ``k``-th warmed-up tuner (from 0): ``adaptive``, ``adaptive-2``, ..."""
+    return ADAPTIVE if k == 0 else f"{ADAPTIVE}-{k + 1}"
+
+
+def adaptive_index(config: str) -> int | None:
+    """``k`` for ``adaptive_name(k)``, None for another configuration."""
+    if config == ADAPTIVE:
+        return 0
+    head, _, k = config.rpartition("-")
+    return int(k) - 1 if head == ADAPTIVE and k.isdigit() and int(k) >= 2 else None
+
+
 # The fixed deterministic arms replayed: suffix chains of the shipped lengths (services/tuner/arms.py), two
 # suffix trees and n-gram chains.
 FIXED_ARMS: dict[str, Strategy] = {
@@ -66,14 +84,16 @@ NOT_REPLAYABLE = {
 }
 
 
-def all_configs(fixed: Sequence[str] | None = None) -> list[str]:
-    """``plain``, ``plain-again``, the fixed arms (default: all of ``FIXED_ARMS``), ``adaptive``.
-    Raises ``ValueError`` for an unknown arm."""
+def all_configs(fixed: Sequence[str] | None = None, warm_ups: int = 1) -> list[str]:
+    """``plain``, ``plain-again``, the fixed arms (default: all of ``FIXED_ARMS``), ``adaptive`` (and
+    ``adaptive-2`` .. ``adaptive-<warm_ups>``). Raises ``ValueError`` for an unknown arm or ``warm_ups`` < 1."""
+    if warm_ups < 1:
+        raise ValueError(f"warm_ups must be >= 1, got {warm_ups}")
     fixed = list(FIXED_ARMS) if fixed is None else list(fixed)
     bad = [a for a in fixed if a not in FIXED_ARMS]
     if bad:
         raise ValueError(f"unknown fixed arm(s) {bad}; known: {', '.join(FIXED_ARMS)}")
-    return [PLAIN, PLAIN_AGAIN, *fixed, ADAPTIVE]
+    return [PLAIN, PLAIN_AGAIN, *fixed, *(adaptive_name(k) for k in range(warm_ups))]
 
 
 @dataclass
@@ -196,8 +216,8 @@ class ReplayBench:
         self.suffix_state: dict | None = None
         self.tail_tokens: int | None = None  # plain's long-tail tokens (``ReplayRun.longtail_tokens``)
         self.history_lengths: list[tuple[str, int]] = []
-        self.tuner = None
-        self.adaptive = None
+        self.tuners: list = []  # per warm-up: its ``TunerService`` and ``StrategySelector`` (``warm``)
+        self.adaptives: list = []
 
     # ------------------------------------------------------------------ drafters and the adaptive policy
     def drafters(self) -> dict:
@@ -208,17 +228,27 @@ class ReplayBench:
             ds["suffix"].new_step(1)  # the history is the previous RL step's
         return ds
 
-    def _learn(self) -> int:
-        obs = self.adaptive.drain_observations()
-        self.adaptive.update_table(gate_table(self.tuner.merge(obs), []))
+    def _learn(self, k: int = 0) -> int:
+        """Merge warm-up ``k``'s selector's observations into its tuner and install the new table."""
+        obs = self.adaptives[k].drain_observations()
+        self.adaptives[k].update_table(gate_table(self.tuners[k].merge(obs), []))
         return len(obs)
 
-    def warm(self, passes: int = 1, decode_history: bool = True) -> dict:
-        """Warm the adaptive policy up as a long run would have, and record the drafters' history.
+    def warm(self, passes: int = 1, decode_history: bool = True, warm_ups: int = 1) -> dict:
+        """Warm ``warm_ups`` adaptive policies up (``_warm_one``), each on its own tuner. Returns what the first
+        did, with the seconds of all."""
+        t0 = time.perf_counter()
+        self.tuners, self.adaptives = [], []
+        done = [self._warm_one(k, passes, decode_history) for k in range(warm_ups)]
+        return done[0] | {"warm_ups": warm_ups, "seconds": time.perf_counter() - t0}
 
-        1. once, the measured problems' history epoch (from fresh drafters: the RL step before the measured
-           one); the suffix drafter's state after it (those responses in its problem and global tries) and the
-           responses' lengths (the length classes) are what every measured run starts from. With
+    def _warm_one(self, k: int, passes: int, decode_history: bool) -> dict:
+        """Warm the ``k``-th adaptive policy up as a long run would have, and (the first) record the drafters'
+        history.
+
+        1. the measured problems' history epoch (from fresh drafters: the RL step before the measured one); the
+           suffix drafter's state after the first warm-up's (those responses in its problem and global tries) and
+           the responses' lengths (the length classes) are what every measured run starts from. With
            ``decode_history=False`` the epoch is not decoded: its responses (trace + EOS, what an exact replay
            emits) go into the suffix drafter as ``finish_request`` would put them (``add_history``), and the
            tuner learns from the warm-up problems alone (a history epoch holding one 6k-token response costs
@@ -228,38 +258,41 @@ class ReplayBench:
            epoch decoded, drafting with that history, as every RL step after the first does in a long run (the
            measured runs draft with one).
 
-        Every rollout runs under the adaptive policy, its observations merged into the tuner after it. Returns
-        what it did, with seconds."""
+        Every rollout runs under the adaptive policy, its observations merged into the tuner after it. Every
+        warm-up replays the same tokens: the history the first leaves is every warm-up's. Returns what it did,
+        with seconds."""
         from services.tuner.selector import StrategySelector
         from services.tuner.service import TunerService
 
-        self.tuner = TunerService(available_drafters=DRAFTERS)
-        self.adaptive = StrategySelector(self.tuner.table(), seed=self.seed)
+        self.tuners.append(TunerService(available_drafters=DRAFTERS))
+        self.adaptives.append(StrategySelector(self.tuners[k].table(), seed=self.seed + k))
+        policy = self.adaptives[k]
         t0 = time.perf_counter()
         ds = build_drafters(names=DRAFTERS)
         reqs = requests(self.problems, HISTORY_EPOCH)
         if decode_history:
-            history = self._generate(reqs, ds, self.adaptive)[0]
-            self._learn()
+            history = self._generate(reqs, ds, policy)[0]
+            self._learn(k)
             exact = sum(replay_exact(o, r, self.engine.eos) for o, r in zip(history, reqs))
-            self.history_lengths = [(o.problem_id, len(o.token_ids)) for o in history]
+            lengths = [(o.problem_id, len(o.token_ids)) for o in history]
         else:
             exact = None
-            self.history_lengths = self._history_from_trace(ds, reqs)
-        self.suffix_state = ds["suffix"].state_dict()
-        self.adaptive.record_lengths(self.history_lengths)
+            lengths = self._history_from_trace(ds, reqs)
+        if k == 0:
+            self.suffix_state, self.history_lengths = ds["suffix"].state_dict(), lengths
+        policy.record_lengths(self.history_lengths)
         warm_problems, warm_reqs = self.warm_problems, 0
         for _ in range(max(1, passes) if warm_problems else 0):
             ds = build_drafters(names=DRAFTERS)
-            self.adaptive.record_lengths(self._history_from_trace(ds, requests(warm_problems, HISTORY_EPOCH)))
+            policy.record_lengths(self._history_from_trace(ds, requests(warm_problems, HISTORY_EPOCH)))
             ds["suffix"].new_step(HISTORY_EPOCH + 1)
             wreqs = requests(warm_problems, MEASURED_EPOCH)
-            outs = self._generate(wreqs, ds, self.adaptive)[0]
-            self.adaptive.record_lengths([(o.problem_id, len(o.token_ids)) for o in outs])
-            self._learn()
+            outs = self._generate(wreqs, ds, policy)[0]
+            policy.record_lengths([(o.problem_id, len(o.token_ids)) for o in outs])
+            self._learn(k)
             ds["suffix"].new_step(MEASURED_EPOCH + 1)
             warm_reqs += len(wreqs)
-        self.adaptive.drain_choices()
+        policy.drain_choices()
         return {
             "passes": max(1, passes) if warm_problems else 0,
             "warm_problems": len(warm_problems),
@@ -305,10 +338,10 @@ class ReplayBench:
         ``RuntimeError`` for ``adaptive`` before ``warm``."""
         if config in (PLAIN, PLAIN_AGAIN):
             return {}, FixedStrategy()
-        if config == ADAPTIVE:
-            if self.adaptive is None:
-                raise RuntimeError("ReplayBench.run('adaptive') needs warm() first")
-            return self.drafters(), self.adaptive
+        if (k := adaptive_index(config)) is not None:
+            if k >= len(self.adaptives):
+                raise RuntimeError(f"ReplayBench.run({config!r}) needs warm(warm_ups={k + 1}) first")
+            return self.drafters(), self.adaptives[k]
         if config in FIXED_ARMS:
             strat = FIXED_ARMS[config]
             return {strat.drafter: self.drafters()[strat.drafter]}, FixedStrategy(strat)
@@ -397,19 +430,19 @@ class ReplayBench:
             eager_forwards=eager,
             by_batch=by_batch(steps),
         )
-        if config == ADAPTIVE:
-            res.strategies = self.adaptive.drain_choices()
-            self._learn()
+        if (k := adaptive_index(config)) is not None:
+            res.strategies = self.adaptives[k].drain_choices()
+            self._learn(k)
         return res
 
     def tuner_snapshot(self) -> list[dict]:
-        """The adaptive policy's table as the JSON keeps it: per bucket of active batch size its best arm and each
-        arm's throughput in the table's window (tokens/s over its records, the record count). Empty before
-        ``warm``."""
-        if self.adaptive is None:
+        """The (first) adaptive policy's table as the JSON keeps it: per bucket of active batch size its best arm
+        and each arm's throughput in the table's window (tokens/s over its records, the record count). Empty
+        before ``warm``."""
+        if not self.adaptives:
             return []
         out = []
-        for row in self.adaptive.table["buckets"]:
+        for row in self.adaptives[0].table["buckets"]:
             rates = {
                 arm: [w[1] / w[2] if w[2] > 0 else None, int(w[0])]
                 for arm, w in row.get("windows", {}).items()

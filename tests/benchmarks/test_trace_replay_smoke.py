@@ -1,4 +1,5 @@
-"""Smoke test of ``benchmarks.trace_replay`` on the tiny shape (1 problem at max batch 1, 2 at 8, two fixed arms).
+"""Smoke test of ``benchmarks.trace_replay`` on the tiny shape (1 problem at max batch 1, 2 at 8, two fixed arms,
+two warm-ups of the adaptive tuner).
 
 Checks the JSON schema and headline keys, that every speedup is computed from the measured times, and, through
 the public API, that every replayed output is its trace: the recorded response's ids, then EOS, decoding back
@@ -14,7 +15,16 @@ import pytest
 
 from benchmarks.trace_replay import report, workload
 from benchmarks.trace_replay.__main__ import main
-from benchmarks.trace_replay.runner import ADAPTIVE, PLAIN, PLAIN_AGAIN, ReplayBench, ReplayRun
+from benchmarks.trace_replay.runner import (
+    ADAPTIVE,
+    PLAIN,
+    PLAIN_AGAIN,
+    ReplayBench,
+    ReplayRun,
+    adaptive_index,
+    adaptive_name,
+    all_configs,
+)
 from services.rollout_actor.shapes import build_model, load_tokenizer, shape_config
 
 ARMS = ["suffix-k8", "ngram-k3"]
@@ -24,7 +34,7 @@ ARMS = ["suffix-k8", "ngram-k3"]
 def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("trace_replay")
     argv = ["--shapes", "tiny", "--problems", "1,2", "--batches", "1,8", "--rounds", "1"]
-    argv += ["--arms", ",".join(ARMS), "--warm-problems", "1", "--out-dir", str(out)]
+    argv += ["--arms", ",".join(ARMS), "--warm-problems", "1", "--warm-ups", "2", "--out-dir", str(out)]
     return main(argv), out
 
 
@@ -86,7 +96,7 @@ def test_speedups_from_measured_times(result):
     res, _ = result
     for blk in res["results"]:
         runs = {r["config"]: r for r in blk["runs"]}
-        assert set(runs) == {PLAIN, PLAIN_AGAIN, *ARMS, ADAPTIVE}
+        assert set(runs) == {PLAIN, PLAIN_AGAIN, *ARMS, ADAPTIVE, "adaptive-2"}
         cs = blk["summary"]["configs"]
         plain = runs[PLAIN]
         for c, r in runs.items():
@@ -150,7 +160,57 @@ def test_throughput_by_batch_size_bucket_adds_up_to_each_run(result):
     # max batch 8: every batch size from 8 down to 1 occurs as the group's responses finish
     b8 = next(b for b in res["results"] if b["batch"] == 8)
     assert list(b8["summary"]["configs"][PLAIN]["by_batch"]) == ["1", "2-3", "4-7", "8-15"]
-    assert "| adaptive: most played |" in md
+    assert "| adaptive: most played |" in md and "| adaptive-2: most played |" in md
+
+
+def test_the_adaptive_figures_are_the_mean_over_the_warm_ups(result):
+    res, out = result
+    md = (out / "trace_replay.md").read_text()
+    for blk in res["results"]:
+        cs = blk["summary"]["configs"]
+        head = next(h for h in res["headline"] if h["batch"] == blk["batch"])
+        ups = [cs[ADAPTIVE], cs["adaptive-2"]]
+        assert head["adaptive_warm_ups"] == [[u["longtail_speedup"], u["makespan_speedup"]] for u in ups]
+        assert head["long_tail_speedup_adaptive"] == pytest.approx(
+            statistics.fmean(u["longtail_speedup"] for u in ups)
+        )
+        assert head["makespan_speedup_adaptive"] == pytest.approx(
+            statistics.fmean(u["makespan_speedup"] for u in ups)
+        )
+        lo, hi = head["long_tail_speedup_range_adaptive"]
+        assert lo == min(u["longtail_speedup"] for u in ups) and hi == max(u["longtail_speedup"] for u in ups)
+        vs = head["adaptive_vs_best_fixed"]
+        assert vs["long_tail"] == pytest.approx(
+            head["long_tail_speedup_adaptive"] / head["long_tail_speedup_best_fixed"]
+        )
+        best_makespan = max(cs[a]["makespan_speedup"] for a in ARMS)
+        assert vs["makespan"] == pytest.approx(head["makespan_speedup_adaptive"] / best_makespan)
+        assert f"{vs['long_tail']:.3f}, {vs['makespan']:.3f} (long tail per warm-up: " in md
+    assert "adaptive = the mean over 2 tuners" in md
+
+
+def test_each_warm_up_has_its_own_tuner():
+    assert [adaptive_name(k) for k in range(3)] == [ADAPTIVE, "adaptive-2", "adaptive-3"]
+    assert [adaptive_index(c) for c in (ADAPTIVE, "adaptive-2", "adaptive-10")] == [0, 1, 9]
+    assert [adaptive_index(c) for c in (PLAIN, "adaptive-1", "adaptive-x", "suffix-k8")] == [None] * 4
+    assert all_configs(["suffix-k8"], 2) == [PLAIN, PLAIN_AGAIN, "suffix-k8", ADAPTIVE, "adaptive-2"]
+    with pytest.raises(ValueError, match="warm_ups"):
+        all_configs(["suffix-k8"], 0)
+    cfg = shape_config("tiny")
+    problems = workload.tokenize(workload.load_rows(problems=1), load_tokenizer("tiny"), cfg.vocab_size, [0])
+    bench = ReplayBench(build_model("tiny"), problems, batch=8, seed=5)
+    with pytest.raises(RuntimeError, match="warm"):
+        bench.run(ADAPTIVE, 0)
+    warm = bench.warm(0, warm_ups=2)
+    assert warm["warm_ups"] == 2 and len({id(t) for t in bench.tuners}) == 2
+    assert [a.seed for a in bench.adaptives] == [5, 6]
+    with pytest.raises(RuntimeError, match="warm_ups=3"):
+        bench.run("adaptive-3", 0)
+    before = [t.bandit.steps for t in bench.tuners]
+    runs = bench.run_lockstep([ADAPTIVE, "adaptive-2"], 0)
+    assert all(r.exact == r.requests and r.strategies for r in runs)
+    # each run's decode steps went into its own tuner, and only there
+    assert [t.bandit.steps - b for t, b in zip(bench.tuners, before)] == [r.steps for r in runs]
 
 
 def test_replay_equals_the_trace():
