@@ -32,7 +32,8 @@ never compete for the cores:
    be imported), with the CPU's FLOP bound (``--quick``: 8 short samples, one round).
 7. ``trace_replay``: real sampled MATH rollouts (Qwen2.5-Math, ``data/traces``) replayed token for token on the
    tiny shape: plain vs the fixed deterministic drafter arms vs the warm adaptive tuner, A/A control, max batch
-   sizes 1, 8, 32, 128 (``--quick``: 8 problems, batches 8, 32; ``--full``: 5 rounds instead of 3).
+   sizes 1, 8, 32, 128 (``--quick``: 8 problems, batches 8, 32; ``--full``: 5 rounds instead of 3, and three
+   warm-ups of the tuner, measured side by side).
 8. ``cuda_graphs``: decode with and without CUDA graphs; without CUDA it prints ``skipped: no CUDA`` and keeps
    a result measured earlier on a GPU, which the summary then shows with the GPU it ran on.
 
@@ -349,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             extra += ["--pairs", "3"] if args.full else []
         if name == "trace_replay":
             extra += ["--out-dir", str(results)] + (["--quick"] if args.quick else [])
-            extra += ["--rounds", "5"] if args.full else []
+            extra += ["--rounds", "5", "--warm-ups", "3"] if args.full else []
         if name == "cuda_graphs":
             extra += ["--out", str(results / "cuda_graphs.json")]
         if name == "suffix_offline":
