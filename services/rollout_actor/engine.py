@@ -297,9 +297,8 @@ class Engine(AdmissionMixin):
         else:
             u = torch.stack([r.u_pos[len(r.tokens)] for r in rows]).to(self.device)
             tok = sample_from_probs(sampling.probs(logits), u)
-        refs = [self._trace(r, 1)[0] for r in rows]
-        if any(t >= 0 for t in refs):
-            ref = torch.tensor(refs, device=self.device)
+        if any(r.req.reference is not None for r in rows):  # as ``_verify``: only batches holding a replay
+            ref = torch.tensor([self._trace(r, 1)[0] for r in rows], device=self.device)
             tok = torch.where(ref >= 0, ref, tok)
         lp = logprobs(logits, sampling.temperature).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
         both = torch.stack([tok.double(), lp.double()]).tolist()  # exact for ids < 2**53 and fp32 values
