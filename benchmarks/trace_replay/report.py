@@ -166,13 +166,13 @@ def headline(device: str, shape: str, batch: int, summary: dict) -> dict:
     best = max(fixed, key=lambda c: cs[c]["longtail_speedup"]) if fixed else None
     ad = _adaptive(cs)
     best_makespan = max((cs[c]["makespan_speedup"] for c in fixed), default=None)
-    ratio = [
-        a / b if a is not None and b else None
-        for a, b in (
-            (ad["longtail_speedup"], cs[best]["longtail_speedup"] if best else None),
-            (ad["makespan_speedup"], best_makespan),
-        )
-    ]
+    best_tail = cs[best]["longtail_speedup"] if best else None
+    vs = {
+        "long_tail": ad["longtail_speedup"] / best_tail if ad["longtail_speedup"] and best_tail else None,
+        "makespan": ad["makespan_speedup"] / best_makespan
+        if ad["makespan_speedup"] and best_makespan
+        else None,
+    }
     return {
         "device": device,
         "shape": shape,
@@ -188,7 +188,7 @@ def headline(device: str, shape: str, batch: int, summary: dict) -> dict:
         "long_tail_speedup_range_best_fixed": cs[best]["longtail_speedup_range"] if best else None,
         "long_tail_speedup_range_adaptive": ad.get("longtail_speedup_range"),
         "adaptive_warm_ups": ad["warm_ups"],
-        "adaptive_vs_best_fixed": {"long_tail": ratio[0], "makespan": ratio[1]},
+        "adaptive_vs_best_fixed": vs,
         "aa_spread": summary["aa"]["spread"],
         "exact_fraction": min((c["exact_fraction"] for c in cs.values()), default=None),
     }
